@@ -1,0 +1,61 @@
+# idemproxy — see README.md. `make` builds, `make test` tests, `make run` demos.
+
+CC      ?= cc
+PKGS    := libmicrohttpd libcurl libpq jansson libcrypto libconfig
+OPT     ?= -O2 -g
+CFLAGS  ?= $(OPT)
+CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
+           -D_GNU_SOURCE -Iinclude -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
+PYTHON  := /usr/bin/python3
+BUILD   ?= build
+
+SRCS    := $(wildcard src/*.c)
+OBJS    := $(patsubst src/%.c,$(BUILD)/%.o,$(SRCS)) $(BUILD)/migrations.o
+LIBOBJS := $(filter-out $(BUILD)/main.o,$(OBJS))
+UNIT_SRCS := $(wildcard tests/unit/test_*.c)
+UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRCS))
+MIGRATIONS := $(sort $(wildcard sql/*.sql))
+
+.PHONY: all deps run test unit integration clean
+all: $(BUILD)/idemproxy
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD):
+	@mkdir -p $(BUILD)
+
+$(BUILD)/%.o: src/%.c $(wildcard include/*.h) | $(BUILD)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+# The migrations are compiled into the binary so a deployment needs no sql/ dir.
+$(BUILD)/migrations.c: $(MIGRATIONS) scripts/embed-sql.sh | $(BUILD)
+	scripts/embed-sql.sh $(MIGRATIONS) > $@
+
+$(BUILD)/migrations.o: $(BUILD)/migrations.c
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/idemproxy: $(OBJS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/test_%: tests/unit/test_%.c $(LIBOBJS)
+	$(CC) $(CFLAGS) -o $@ $< $(LIBOBJS) $(LDFLAGS) $(LDLIBS) -lcmocka
+
+unit: $(UNIT_BINS)
+	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
+
+integration: $(BUILD)/idemproxy
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory integration
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/run-demo.sh
+
+clean:
+	rm -rf $(BUILD) .run

@@ -1,0 +1,97 @@
+/* The conf file (libconfig syntax), validated as a whole into an immutable,
+ * reference-counted snapshot. Config is data: see the settings tables in
+ * src/config.c. */
+#ifndef IDEMPROXY_CONFIG_H
+#define IDEMPROXY_CONFIG_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pathtpl.h"
+#include "util.h"
+
+enum tenant_kind { TENANT_STATIC, TENANT_HEADER, TENANT_AUTHORIZATION };
+enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
+
+typedef struct str_list {
+	char **v;
+	size_t n;
+} str_list;
+
+typedef struct route_cfg {
+	char *name;        /* the operation */
+	char *path;        /* the template as written */
+	pathtpl *tpl;
+	char *upstream;    /* base URL, without a trailing '/' */
+	int line;          /* line of the route in the conf file */
+
+	str_list methods;  /* upper-case */
+	bool key_required;
+	enum tenant_kind tenant_kind;
+	char *tenant_arg;  /* NAME for static:/header:, NULL for authorization */
+	int64_t ttl_ms;
+	int64_t lease_ms;
+	int64_t upstream_timeout_ms;
+	int64_t retry_after_ms;
+	int mismatch_status; /* 409 or 422 */
+	int *release_statuses;
+	size_t n_release_statuses;
+	bool on_unknown_hold;  /* false = release_after_lease */
+	str_list replay_headers;
+	str_list fingerprint_headers;
+} route_cfg;
+
+typedef struct config {
+	atomic_int refs;
+	char *file;
+	char *listen;        /* "host:port" or "[v6]:port" */
+	char *admin_listen;  /* "" = disabled */
+	char *admin_token;   /* "" = /admin disabled */
+	int workers;
+	int queue_size;      /* jobs waiting for a worker; full -> 503 overloaded */
+	int max_connections; /* front-end connection limit */
+	int64_t max_request_body;
+	int64_t max_stored_response;
+	int64_t shutdown_grace_ms;
+	enum log_level log_level;
+	bool log_json;
+
+	char *db_url;
+	int64_t statement_timeout_ms;
+	bool db_unavailable_forward; /* false = reject (503) */
+
+	int64_t reaper_interval_ms;
+	int reaper_batch;
+
+	route_cfg *routes;
+	size_t n_routes;
+} config;
+
+/* Loads and validates FILE, then applies the IDEMPROXY_DATABASE_URL and
+ * IDEMPROXY_LISTEN environment overrides. On error returns NULL and writes
+ * "FILE:LINE: what is wrong" (or "FILE: what" when no line applies) into err.
+ * The result has one reference. */
+config *config_load(const char *file, char *err, size_t errlen) IP_WUR;
+
+config *config_ref(config *c);
+void config_unref(config *c);
+
+/* First route whose template matches the raw path (no query), or NULL. */
+const route_cfg *config_match_route(const config *c, const char *path,
+				    size_t len);
+
+bool route_has_method(const route_cfg *r, const char *method);
+bool route_releases_status(const route_cfg *r, int status);
+
+/* The human-readable summary printed by --check: one line per route. */
+void config_print_routes(const config *c, FILE *out);
+
+/* Splits a listen address as validated by config_load ("host:port" or
+ * "[v6]:port") into host (brackets removed) and port, for binding. */
+int config_split_listen(const char *s, char *host, size_t hostlen, int *port,
+			char *err, size_t errlen) IP_WUR;
+
+#endif

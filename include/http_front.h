@@ -1,0 +1,37 @@
+/* The client-facing HTTP server (libmicrohttpd): one event thread reads whole
+ * requests, hands each to the worker pool as a job, and writes the answer
+ * when the worker is done. It never blocks on the store or the upstream. */
+#ifndef IDEMPROXY_HTTP_FRONT_H
+#define IDEMPROXY_HTTP_FRONT_H
+
+#include <stdbool.h>
+
+#include "config.h"
+#include "job.h"
+#include "util.h"
+
+typedef struct front_opts {
+	const char *listen;
+	int max_connections;
+	int64_t max_request_body;
+	config *(*get_config)(void *arg); /* returns a new reference */
+	bool (*submit)(void *arg, job *j); /* false: queue full */
+	void *arg;
+} front_opts;
+
+typedef struct http_front http_front;
+
+http_front *http_front_start(const front_opts *o, char *err,
+			     size_t errlen) IP_WUR;
+/* Stops accepting new connections; requests already read still finish. */
+void http_front_quiesce(http_front *f);
+/* Requests handed to workers and not yet answered. */
+int http_front_in_flight(http_front *f);
+void http_front_stop(http_front *f);
+
+/* "host:port" / "[v6]:port" -> sockaddr; shared with the admin listener. */
+struct sockaddr_storage;
+int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
+		      bool *v6, char *err, size_t errlen) IP_WUR;
+
+#endif

@@ -1,0 +1,61 @@
+/* The idempotency decision (SPEC 3.2, 3.4), without I/O: which route, whether
+ * a request needs a claim, how a claim result and an upstream outcome turn
+ * into a record and an answer. */
+#ifndef IDEMPROXY_IDEM_H
+#define IDEMPROXY_IDEM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "idkey.h"
+#include "job.h"
+
+enum idem_action {
+	IDEM_REJECT,      /* answer with a problem; nothing is written */
+	IDEM_PASSTHROUGH, /* forward without protection */
+	IDEM_CLAIM,       /* claim the key, then forward / replay / refuse */
+};
+
+#define IDEM_TENANT_MAX 255
+
+typedef struct idem_plan {
+	enum idem_action action;
+	const route_cfg *route;   /* NULL when no route matched */
+	/* IDEM_REJECT */
+	int status;
+	const char *code;
+	const char *outcome;      /* the metrics outcome */
+	char detail[160];
+	/* IDEM_CLAIM */
+	char key[IDKEY_MAX + 1];
+	char tenant[IDEM_TENANT_MAX + 1];
+} idem_plan;
+
+/* Steps 1-2 of SPEC 3.2: route, method, key and tenant. */
+void idem_plan_request(const config *cfg, const char *method,
+		       const char *path, size_t path_len,
+		       const header_list *headers, idem_plan *out);
+
+enum idem_record {
+	REC_COMPLETE,     /* completed: replay later */
+	REC_RELEASE,      /* released: a retry forwards again */
+	REC_LEAVE,        /* outcome unknown: leave processing (lease rules) */
+};
+
+/* How an upstream outcome is recorded (SPEC 3.4). got_response false means
+ * nothing was sent when sent is false, or the outcome is unknown. */
+enum idem_record idem_record_for(const route_cfg *r, bool got_response,
+				 bool sent, int status);
+
+/* Retry-After seconds for a duration in ms: rounded up, at least 1. */
+int64_t idem_retry_after_s(int64_t ms);
+
+/* The stored form of the replayable headers: "Name: value\r\n" for each
+ * response header named in the route's replay_headers. */
+void idem_encode_replay_headers(const route_cfg *r, const header_list *h,
+				ip_buf *out);
+/* And back. Lines that do not parse are skipped. */
+void idem_decode_replay_headers(const char *s, size_t len, header_list *out);
+
+#endif

@@ -1,0 +1,68 @@
+/* One client request on its way through the proxy: what the front end read,
+ * and the response a worker builds for it. The front end fills the request
+ * part and hands the job over; exactly one worker fills the response part and
+ * calls done(); the front end then owns it again and frees it. */
+#ifndef IDEMPROXY_JOB_H
+#define IDEMPROXY_JOB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config.h"
+#include "util.h"
+
+typedef struct http_header {
+	char *name;
+	char *value;
+} http_header;
+
+typedef struct header_list {
+	http_header *v;
+	size_t n;
+	size_t cap;
+} header_list;
+
+void header_list_add(header_list *l, const char *name, size_t name_len,
+		     const char *value, size_t value_len);
+/* First value of name (case-insensitive), or NULL. */
+const char *header_list_get(const header_list *l, const char *name);
+size_t header_list_count(const header_list *l, const char *name);
+void header_list_free(header_list *l);
+
+typedef struct job {
+	config *cfg;           /* a reference, taken when the request arrived */
+
+	/* request */
+	char *method;
+	char *target;          /* raw path and query, exactly as received */
+	size_t path_len;       /* length of the path part of target */
+	char *version;         /* "HTTP/1.1" */
+	header_list req_headers;
+	ip_buf body;
+	char client_ip[64];
+	char request_id[64];
+	double t_start_ms;
+
+	/* response */
+	int status;
+	header_list resp_headers;
+	ip_buf resp_body;
+
+	/* the per-request log line */
+	const char *route_name;
+	const char *outcome;
+	char *tenant;
+	char *key;
+	int attempt;
+	double upstream_ms;
+	double store_ms;
+
+	/* completion, set by the front end */
+	void (*done)(struct job *j);
+	void *front_ctx;
+} job;
+
+job *job_new(config *cfg);
+void job_free(job *j);
+
+#endif

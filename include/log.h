@@ -1,0 +1,43 @@
+/* Level-filtered logging to stderr, as JSON lines or text. */
+#ifndef IDEMPROXY_LOG_H
+#define IDEMPROXY_LOG_H
+
+#include <stdbool.h>
+
+#include "config.h"
+
+void log_setup(enum log_level level, bool json);
+bool log_enabled(enum log_level level);
+
+/* A free-form event line: msg plus optional "k=v" pairs rendered as fields. */
+void log_event(enum log_level level, const char *msg, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#define log_error(...) log_event(LOG_ERROR, __VA_ARGS__)
+#define log_warn(...) log_event(LOG_WARN, __VA_ARGS__)
+#define log_info(...) log_event(LOG_INFO, __VA_ARGS__)
+#define log_debug(...)                                                         \
+	do {                                                                   \
+		if (log_enabled(LOG_DEBUG))                                    \
+			log_event(LOG_DEBUG, __VA_ARGS__);                     \
+	} while (0)
+
+/* The one line per request (SPEC 5). Strings may be NULL. */
+typedef struct log_request {
+	const char *request_id;
+	const char *route;
+	const char *method;
+	const char *path;
+	const char *tenant;
+	const char *key;
+	const char *outcome;
+	int status;
+	int attempt;
+	double upstream_ms;
+	double store_ms;
+	double total_ms;
+} log_request;
+
+void log_request_line(const log_request *r);
+
+#endif

@@ -1,0 +1,25 @@
+/* Process-wide counters, gauges and histograms, rendered in the Prometheus
+ * text format. Thread-safe. */
+#ifndef IDEMPROXY_METRICS_H
+#define IDEMPROXY_METRICS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "util.h"
+
+void metrics_request(const char *route, const char *outcome);
+void metrics_upstream_response(const char *route, int status);
+void metrics_takeover(const char *route);
+/* A named event without labels, e.g. "record_failed". */
+void metrics_event(const char *name);
+void metrics_reaper(int released, int purged);
+void metrics_observe_request_ms(double ms);
+void metrics_observe_store_ms(double ms);
+void metrics_observe_upstream_ms(double ms);
+void metrics_set_processing(int64_t count, double oldest_age_s);
+void metrics_set_store_up(bool up);
+
+void metrics_render(ip_buf *out);
+
+#endif

@@ -1,0 +1,29 @@
+/* What a worker does with one request: plan, claim, forward, record, answer.
+ * This is the one place where the decision (idem), the store (store_pg) and
+ * the upstream (upstream) meet. */
+#ifndef IDEMPROXY_PROXY_H
+#define IDEMPROXY_PROXY_H
+
+#include <stdint.h>
+
+#include "job.h"
+
+typedef struct proxy_shared {
+	const char *db_url;
+	int64_t statement_timeout_ms;
+} proxy_shared;
+
+/* worker_ops callbacks: arg is a proxy_shared, items are jobs. */
+void *proxy_worker_init(void *arg, int index);
+void proxy_worker_handle(void *ctx, void *item);
+void proxy_worker_fini(void *ctx);
+
+/* Fills j's response with a problem+json answer (used by the front end for
+ * the answers it gives itself, too). retry_after_s <= 0: no Retry-After. */
+void proxy_problem(job *j, int status, const char *code, const char *detail,
+		   int64_t retry_after_s);
+
+/* Logs the request line and counts it; call once per request, last. */
+void proxy_account(job *j);
+
+#endif

@@ -1,0 +1,96 @@
+/* The PostgreSQL store. One `store` is one connection, owned by one thread;
+ * statements are prepared at connect and the connection is re-made (and
+ * re-prepared) after it breaks. */
+#ifndef IDEMPROXY_STORE_PG_H
+#define IDEMPROXY_STORE_PG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util.h"
+
+#define STORE_TOKEN_LEN 16
+
+typedef struct store store;
+
+/* Does not connect yet; the first call (or store_ensure) does. */
+store *store_new(const char *url, int64_t statement_timeout_ms);
+void store_free(store *s);
+
+/* Connects (and prepares) if not connected. 0 or -1 with err. */
+int store_ensure(store *s, char *err, size_t errlen) IP_WUR;
+
+enum claim_decision {
+	CLAIM_FORWARD,    /* new record: this attempt owns the key */
+	CLAIM_TAKEOVER,   /* released / dead lease taken over */
+	CLAIM_REPLAY,
+	CLAIM_IN_FLIGHT,
+	CLAIM_HELD,       /* outcome unknown, on_unknown = hold */
+	CLAIM_MISMATCH,
+};
+
+typedef struct claim_req {
+	const char *tenant;
+	const char *operation;
+	const char *key;
+	const uint8_t *hash; /* 32 bytes */
+	int64_t lease_ms;
+	int64_t ttl_ms;
+	bool hold_on_unknown;
+} claim_req;
+
+typedef struct claim_result {
+	enum claim_decision decision;
+	uint8_t owner[STORE_TOKEN_LEN]; /* FORWARD / TAKEOVER */
+	int attempt;
+	int64_t lease_left_ms;          /* IN_FLIGHT */
+	/* REPLAY: pointers into res, valid until claim_result_clear */
+	int status;
+	const char *headers;
+	size_t headers_len;
+	const char *body;
+	size_t body_len;
+	bool replayable;
+	void *res;                      /* the PGresult */
+} claim_result;
+
+/* One round trip. 0, or -1 on a store failure (err filled). */
+int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
+		size_t errlen) IP_WUR;
+void claim_result_clear(claim_result *r);
+
+typedef struct record_key {
+	const char *tenant;
+	const char *operation;
+	const char *key;
+	const uint8_t *owner; /* STORE_TOKEN_LEN bytes */
+} record_key;
+
+/* Records a response. *fenced is set when the attempt no longer owns the key
+ * (its lease was taken over): nothing was written. */
+int store_complete(store *s, const record_key *k, int status,
+		   const char *headers, size_t headers_len, const char *body,
+		   size_t body_len, bool replayable, bool *fenced, char *err,
+		   size_t errlen) IP_WUR;
+/* Frees the key for a retry (state released). */
+int store_release(store *s, const record_key *k, bool *fenced, char *err,
+		  size_t errlen) IP_WUR;
+
+/* Reaper statements. */
+int store_reap_leases(store *s, int batch, int *released, char *err,
+		      size_t errlen) IP_WUR;
+int store_purge_expired(store *s, int batch, int *purged, char *err,
+			size_t errlen) IP_WUR;
+int store_processing_stats(store *s, int64_t *count, double *oldest_age_s,
+			   char *err, size_t errlen) IP_WUR;
+
+/* Schema: the highest applied migration (0 if none). */
+int store_schema_version(store *s, int *version, char *err,
+			 size_t errlen) IP_WUR;
+/* Applies the embedded migrations the database lacks; *applied counts them. */
+int store_migrate(store *s, int *applied, char *err, size_t errlen) IP_WUR;
+/* The version this binary expects (the highest embedded migration). */
+int store_expected_version(void);
+
+#endif

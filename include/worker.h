@@ -1,0 +1,28 @@
+/* A fixed pool of worker threads fed by a bounded queue. Generic: each
+ * thread gets its own context from init(), and handle() does the work. */
+#ifndef IDEMPROXY_WORKER_H
+#define IDEMPROXY_WORKER_H
+
+#include <stdbool.h>
+
+#include "util.h"
+
+typedef struct worker_pool worker_pool;
+
+typedef struct worker_ops {
+	void *(*init)(void *arg, int index);    /* per-thread context */
+	void (*handle)(void *ctx, void *item);
+	void (*fini)(void *ctx);
+	void *arg;
+} worker_ops;
+
+worker_pool *worker_pool_start(int threads, int queue_size,
+			       const worker_ops *ops);
+/* False (item not taken) when the queue is full or the pool is stopping. */
+bool worker_pool_submit(worker_pool *p, void *item) IP_WUR;
+/* Items queued or being handled. */
+int worker_pool_busy(worker_pool *p);
+/* Lets the queued items finish, then joins the threads. */
+void worker_pool_stop(worker_pool *p);
+
+#endif

@@ -1,0 +1,1287 @@
+/* The conf file as data. Each scope (top level, database, reaper, the per-route
+ * settings shared by `defaults` and the routes, the route-only settings) is a
+ * table of settings: name, converter, default, bounds, destination. Loading
+ * walks the tables; nothing is read from the file outside them.
+ *
+ * Defaults are written in conf-file syntax and parsed by libconfig like the
+ * file itself, so they go through the same converters and bounds as what an
+ * operator writes and can never bypass validation. */
+#include "config.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <libconfig.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "units.h"
+
+#define CFG_MS_SECOND INT64_C(1000)
+#define CFG_MS_MINUTE (60 * CFG_MS_SECOND)
+#define CFG_MS_HOUR (60 * CFG_MS_MINUTE)
+#define CFG_MS_DAY (24 * CFG_MS_HOUR)
+#define CFG_GIB (INT64_C(1) << 30)
+#define CFG_ROUTE_NAME_MAX 128
+#define CFG_WHY 256
+
+typedef struct cfg_choice {
+	const char *name;
+	int value;
+} cfg_choice;
+
+struct cfg_opt;
+
+/* Converts one setting into base + opt->off; on a bad value writes the reason
+ * (without file, line or setting name) into why and returns -1. */
+typedef int (*cfg_conv_fn)(const struct cfg_opt *o, const config_setting_t *s,
+			   void *base, char *why, size_t whylen);
+
+typedef struct cfg_opt {
+	const char *name;
+	cfg_conv_fn conv;
+	const char *def;  /* conf-file syntax; NULL = required */
+	int64_t min, max; /* bounds of the value or of each element */
+	size_t off;       /* destination in the scope's struct */
+	size_t aux;       /* second destination (count, argument) if any */
+	const cfg_choice *choices;
+} cfg_opt;
+
+/* Where errors go, and what the values are converted from. */
+typedef struct cfg_ctx {
+	const char *file;
+	char *err;
+	size_t errlen;
+	config_t builtin; /* the defaults of every table, parsed */
+} cfg_ctx;
+
+/* ---- errors ---------------------------------------------------------- */
+
+/* Settings without a line of their own report the nearest enclosing group's. */
+__attribute__((format(printf, 3, 4))) static int
+cfg_fail(cfg_ctx *x, const config_setting_t *at, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+
+	for (const config_setting_t *s = at; s; s = config_setting_parent(s)) {
+		unsigned line = config_setting_source_line(s);
+		if (line == 0)
+			continue;
+		const char *f = config_setting_source_file(s);
+		snprintf(x->err, x->errlen, "%s:%u: %s", f ? f : x->file, line,
+			 msg);
+		return -1;
+	}
+	snprintf(x->err, x->errlen, "%s: %s", x->file, msg);
+	return -1;
+}
+
+__attribute__((format(printf, 3, 4))) static int
+cfg_why(char *why, size_t whylen, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why, whylen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* ---- formatting ------------------------------------------------------ */
+
+static void cfg_fmt_ms(int64_t ms, char *buf, size_t n)
+{
+	static const struct {
+		int64_t ms;
+		const char *unit;
+	} units[] = {
+		{CFG_MS_DAY, "d"},     {CFG_MS_HOUR, "h"}, {CFG_MS_MINUTE, "m"},
+		{CFG_MS_SECOND, "s"},
+	};
+	for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+		if (ms != 0 && ms % units[i].ms == 0) {
+			snprintf(buf, n, "%" PRId64 "%s", ms / units[i].ms,
+				 units[i].unit);
+			return;
+		}
+	}
+	snprintf(buf, n, "%" PRId64 "ms", ms);
+}
+
+static void cfg_fmt_size(int64_t b, char *buf, size_t n)
+{
+	static const char *const units[] = {"GiB", "MiB", "KiB"};
+	for (size_t i = 0; i < 3; i++) {
+		int64_t unit = CFG_GIB >> (10 * i);
+		if (b != 0 && b % unit == 0) {
+			snprintf(buf, n, "%" PRId64 "%s", b / unit, units[i]);
+			return;
+		}
+	}
+	snprintf(buf, n, "%" PRId64 "B", b);
+}
+
+/* ---- small validators ------------------------------------------------ */
+
+static bool cfg_is_tchar(unsigned char c)
+{
+	return isalnum(c) || (c != 0 && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+/* An RFC 9110 token: header names and methods. */
+static bool cfg_is_token(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (!cfg_is_tchar((unsigned char)*s))
+			return false;
+	return true;
+}
+
+static int cfg_parse_port(const char *s, size_t n, int *port)
+{
+	if (n == 0 || n > 5)
+		return -1;
+	int v = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (!isdigit((unsigned char)s[i]))
+			return -1;
+		v = v * 10 + (s[i] - '0');
+	}
+	if (v < 1 || v > 65535)
+		return -1;
+	*port = v;
+	return 0;
+}
+
+static bool cfg_span_is(const char *s, size_t n, const char *allowed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)s[i]) && !strchr(allowed, s[i]))
+			return false;
+	return true;
+}
+
+/* "[v6]" or a name / IPv4 address, as it appears before ":port". */
+static int cfg_check_host(const char *h, size_t n, char *why, size_t whylen)
+{
+	if (n == 0)
+		return cfg_why(why, whylen, "missing host");
+	if (h[0] == '[') {
+		if (n < 3 || h[n - 1] != ']' ||
+		    !cfg_span_is(h + 1, n - 2, ":.") ||
+		    !memchr(h + 1, ':', n - 2))
+			return cfg_why(why, whylen, "malformed IPv6 address");
+		for (size_t i = 1; i < n - 1; i++)
+			if (isalpha((unsigned char)h[i]) &&
+			    !isxdigit((unsigned char)h[i]))
+				return cfg_why(why, whylen,
+					       "malformed IPv6 address");
+		return 0;
+	}
+	if (memchr(h, ':', n))
+		return cfg_why(why, whylen,
+			       "an IPv6 address goes in brackets, as in "
+			       "\"[::1]:8080\"");
+	if (!cfg_span_is(h, n, ".-_"))
+		return cfg_why(why, whylen, "malformed host");
+	return 0;
+}
+
+int config_split_listen(const char *s, char *host, size_t hostlen, int *port,
+			char *err, size_t errlen)
+{
+	const char *colon = strrchr(s, ':');
+	if (!colon)
+		return cfg_why(err, errlen,
+			       "\"%s\" is not \"host:port\" or \"[v6]:port\"",
+			       s);
+	size_t hn = (size_t)(colon - s);
+	if (cfg_check_host(s, hn, err, errlen) < 0)
+		return -1;
+	if (cfg_parse_port(colon + 1, strlen(colon + 1), port) < 0)
+		return cfg_why(err, errlen, "port must be 1..65535");
+	const char *h = s;
+	if (s[0] == '[') {
+		h++;
+		hn -= 2;
+	}
+	if (hn >= hostlen)
+		return cfg_why(err, errlen, "host too long");
+	memcpy(host, h, hn);
+	host[hn] = '\0';
+	return 0;
+}
+
+/* http[s]://host[:port][/prefix], returned without trailing '/' and with a
+ * lower-case scheme. */
+static int cfg_check_upstream(const char *url, char **out, char *why,
+			      size_t whylen)
+{
+	const char *scheme = NULL;
+	if (ip_strncaseeq(url, "http://", 7))
+		scheme = "http://";
+	else if (ip_strncaseeq(url, "https://", 8))
+		scheme = "https://";
+	if (!scheme)
+		return cfg_why(why, whylen,
+			       "\"%s\" must start with http:// or https://",
+			       url);
+	const char *auth = url + strlen(scheme);
+	size_t an = strcspn(auth, "/?#");
+	const char *rest = auth + an;
+	if (memchr(auth, '@', an))
+		return cfg_why(why, whylen,
+			       "\"%s\": credentials in the URL are not "
+			       "supported",
+			       url);
+	if (strpbrk(rest, "?#"))
+		return cfg_why(why, whylen,
+			       "\"%s\": no query or fragment allowed, the "
+			       "request's own are appended",
+			       url);
+
+	/* The port is after the last ':' unless that ':' is inside [v6]. */
+	size_t hn = an;
+	const char *colon = memrchr(auth, ':', an);
+	if (colon && !memchr(colon, ']', (size_t)(auth + an - colon)))
+		hn = (size_t)(colon - auth);
+	char hwhy[128];
+	if (cfg_check_host(auth, hn, hwhy, sizeof hwhy) < 0)
+		return cfg_why(why, whylen, "\"%s\": %s", url, hwhy);
+	int port;
+	if (hn < an && cfg_parse_port(auth + hn + 1, an - hn - 1, &port) < 0)
+		return cfg_why(why, whylen, "\"%s\": port must be 1..65535",
+			       url);
+	if (!cfg_span_is(rest, strlen(rest), "/-._~!$&'()*+,;=:@%"))
+		return cfg_why(why, whylen,
+			       "\"%s\": characters not allowed in a path", url);
+
+	size_t n = strlen(url);
+	while (n > (size_t)(rest - url) && url[n - 1] == '/')
+		n--;
+	char *u = xstrndup(url, n);
+	for (size_t i = 0; i < strlen(scheme); i++)
+		u[i] = (char)tolower((unsigned char)u[i]);
+	*out = u;
+	return 0;
+}
+
+/* ---- converters ------------------------------------------------------ */
+
+#define CFG_DST(o, base, type) ((type *)((char *)(base) + (o)->off))
+
+static const char *cfg_type_name(const config_setting_t *s)
+{
+	switch (config_setting_type(s)) {
+	case CONFIG_TYPE_GROUP:
+		return "a group";
+	case CONFIG_TYPE_INT:
+	case CONFIG_TYPE_INT64:
+		return "an integer";
+	case CONFIG_TYPE_FLOAT:
+		return "a float";
+	case CONFIG_TYPE_STRING:
+		return "a string";
+	case CONFIG_TYPE_BOOL:
+		return "a boolean";
+	case CONFIG_TYPE_ARRAY:
+		return "an array";
+	case CONFIG_TYPE_LIST:
+		return "a list";
+	default:
+		return "unknown";
+	}
+}
+
+static bool cfg_is_int(const config_setting_t *s)
+{
+	int t = config_setting_type(s);
+	return t == CONFIG_TYPE_INT || t == CONFIG_TYPE_INT64;
+}
+
+static bool cfg_is_seq(const config_setting_t *s)
+{
+	int t = config_setting_type(s);
+	return t == CONFIG_TYPE_ARRAY || t == CONFIG_TYPE_LIST;
+}
+
+static int cfg_want_string(const config_setting_t *s, const char *what,
+			   char *why, size_t whylen)
+{
+	if (config_setting_type(s) == CONFIG_TYPE_STRING)
+		return 0;
+	return cfg_why(why, whylen, "must be %s, not %s", what,
+		       cfg_type_name(s));
+}
+
+static int cfg_conv_string(const cfg_opt *o, const config_setting_t *s,
+			   void *base, char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a string", why, whylen) < 0)
+		return -1;
+	*CFG_DST(o, base, char *) = xstrdup(config_setting_get_string(s));
+	return 0;
+}
+
+static int cfg_conv_int(const cfg_opt *o, const config_setting_t *s,
+			void *base, char *why, size_t whylen)
+{
+	if (!cfg_is_int(s))
+		return cfg_why(why, whylen, "must be an integer, not %s",
+			       cfg_type_name(s));
+	long long v = config_setting_get_int64(s);
+	if (v < o->min || v > o->max)
+		return cfg_why(why, whylen,
+			       "%lld is out of range %" PRId64 "..%" PRId64, v,
+			       o->min, o->max);
+	*CFG_DST(o, base, int) = (int)v;
+	return 0;
+}
+
+static int cfg_conv_duration(const cfg_opt *o, const config_setting_t *s,
+			     void *base, char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a duration string such as \"30s\"", why,
+			    whylen) < 0)
+		return -1;
+	const char *v = config_setting_get_string(s);
+	int64_t ms;
+	if (ip_parse_duration_ms(v, &ms) < 0)
+		return cfg_why(why, whylen,
+			       "bad duration \"%s\" (use a number and a unit: "
+			       "250ms, 30s, 5m, 24h, 7d)",
+			       v);
+	if (ms < o->min || ms > o->max) {
+		char lo[32], hi[32];
+		cfg_fmt_ms(o->min, lo, sizeof lo);
+		cfg_fmt_ms(o->max, hi, sizeof hi);
+		return cfg_why(why, whylen, "\"%s\" is out of range %s..%s", v,
+			       lo, hi);
+	}
+	*CFG_DST(o, base, int64_t) = ms;
+	return 0;
+}
+
+static int cfg_conv_size(const cfg_opt *o, const config_setting_t *s,
+			 void *base, char *why, size_t whylen)
+{
+	int64_t b;
+	char text[64];
+	if (cfg_is_int(s)) {
+		b = config_setting_get_int64(s);
+		snprintf(text, sizeof text, "%" PRId64, b);
+	} else {
+		if (cfg_want_string(s, "a size such as \"1MiB\"", why,
+				    whylen) < 0)
+			return -1;
+		const char *v = config_setting_get_string(s);
+		if (ip_parse_size(v, &b) < 0)
+			return cfg_why(why, whylen,
+				       "bad size \"%s\" (use e.g. 512KiB, "
+				       "1MiB, 2GiB)",
+				       v);
+		snprintf(text, sizeof text, "%s", v);
+	}
+	if (b < o->min || b > o->max) {
+		char lo[32], hi[32];
+		cfg_fmt_size(o->min, lo, sizeof lo);
+		cfg_fmt_size(o->max, hi, sizeof hi);
+		return cfg_why(why, whylen, "%s is out of range %s..%s", text,
+			       lo, hi);
+	}
+	*CFG_DST(o, base, int64_t) = b;
+	return 0;
+}
+
+static int cfg_choose(const cfg_opt *o, const config_setting_t *s, int *out,
+		      char *why, size_t whylen)
+{
+	const char *v = config_setting_type(s) == CONFIG_TYPE_STRING
+				? config_setting_get_string(s)
+				: NULL;
+	for (const cfg_choice *c = o->choices; v && c->name; c++) {
+		if (strcmp(v, c->name) == 0) {
+			*out = c->value;
+			return 0;
+		}
+	}
+	char list[128] = "";
+	for (const cfg_choice *c = o->choices; c->name; c++) {
+		size_t l = strlen(list);
+		snprintf(list + l, sizeof list - l, "%s\"%s\"",
+			 l ? (c[1].name ? ", " : " or ") : "", c->name);
+	}
+	return cfg_why(why, whylen, "must be %s", list);
+}
+
+static int cfg_conv_enum(const cfg_opt *o, const config_setting_t *s,
+			 void *base, char *why, size_t whylen)
+{
+	int v;
+	if (cfg_choose(o, s, &v, why, whylen) < 0)
+		return -1;
+	*CFG_DST(o, base, int) = v;
+	return 0;
+}
+
+static int cfg_conv_flag(const cfg_opt *o, const config_setting_t *s,
+			 void *base, char *why, size_t whylen)
+{
+	int v;
+	if (cfg_choose(o, s, &v, why, whylen) < 0)
+		return -1;
+	*CFG_DST(o, base, bool) = v != 0;
+	return 0;
+}
+
+/* An integer from a fixed set (mismatch_status). */
+static int cfg_conv_int_choice(const cfg_opt *o, const config_setting_t *s,
+			       void *base, char *why, size_t whylen)
+{
+	if (cfg_is_int(s)) {
+		long long v = config_setting_get_int64(s);
+		for (const cfg_choice *c = o->choices; c->name; c++) {
+			if (v == c->value) {
+				*CFG_DST(o, base, int) = c->value;
+				return 0;
+			}
+		}
+	}
+	char list[64] = "";
+	for (const cfg_choice *c = o->choices; c->name; c++) {
+		size_t l = strlen(list);
+		snprintf(list + l, sizeof list - l, "%s%s",
+			 l ? (c[1].name ? ", " : " or ") : "", c->name);
+	}
+	return cfg_why(why, whylen, "must be %s", list);
+}
+
+static int cfg_listen(const cfg_opt *o, const config_setting_t *s,
+		      void *base, bool may_be_off, char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a string \"host:port\"", why, whylen) < 0)
+		return -1;
+	const char *v = config_setting_get_string(s);
+	char host[256];
+	int port;
+	if ((*v || !may_be_off) &&
+	    config_split_listen(v, host, sizeof host, &port, why, whylen) < 0)
+		return -1;
+	*CFG_DST(o, base, char *) = xstrdup(v);
+	return 0;
+}
+
+static int cfg_conv_listen(const cfg_opt *o, const config_setting_t *s,
+			   void *base, char *why, size_t whylen)
+{
+	return cfg_listen(o, s, base, false, why, whylen);
+}
+
+/* "" switches the listener off. */
+static int cfg_conv_listen_or_off(const cfg_opt *o, const config_setting_t *s,
+				  void *base, char *why, size_t whylen)
+{
+	return cfg_listen(o, s, base, true, why, whylen);
+}
+
+static void cfg_list_free(str_list *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->v[i]);
+	free(l->v);
+	l->v = NULL;
+	l->n = 0;
+}
+
+/* A list or array of strings, each checked by ok(); bad elements are
+ * reported by value. */
+static int cfg_strings(const config_setting_t *s, str_list *out,
+		       const char *what, bool (*ok)(const char *), char *why,
+		       size_t whylen)
+{
+	if (!cfg_is_seq(s))
+		return cfg_why(why, whylen, "must be a list of %ss, not %s",
+			       what, cfg_type_name(s));
+	int n = config_setting_length(s);
+	str_list l = {xcalloc((size_t)n + 1, sizeof(char *)), 0};
+	for (int i = 0; i < n; i++) {
+		const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+		const char *v = config_setting_get_string(e);
+		if (!v || !ok(v)) {
+			cfg_list_free(&l);
+			if (!v)
+				return cfg_why(why, whylen,
+					       "element %d must be a %s string",
+					       i + 1, what);
+			return cfg_why(why, whylen, "\"%s\" is not a valid %s",
+				       v, what);
+		}
+		l.v[l.n++] = xstrdup(v);
+	}
+	*out = l;
+	return 0;
+}
+
+static bool cfg_is_known_method(const char *m)
+{
+	static const char *const known[] = {"GET",     "HEAD",    "POST",
+					    "PUT",     "DELETE",  "CONNECT",
+					    "OPTIONS", "TRACE",   "PATCH"};
+	for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+		if (strcmp(m, known[i]) == 0)
+			return true;
+	return false;
+}
+
+static bool cfg_is_method(const char *m)
+{
+	char up[16];
+	size_t n = strlen(m);
+	if (!cfg_is_token(m) || n >= sizeof up)
+		return false;
+	for (size_t i = 0; i <= n; i++)
+		up[i] = (char)toupper((unsigned char)m[i]);
+	return cfg_is_known_method(up);
+}
+
+static int cfg_conv_methods(const cfg_opt *o, const config_setting_t *s,
+			    void *base, char *why, size_t whylen)
+{
+	str_list l;
+	if (cfg_strings(s, &l, "HTTP method", cfg_is_method, why, whylen) < 0)
+		return -1;
+	if (l.n == 0)
+		return cfg_why(why, whylen,
+			       "must name at least one method (an empty list "
+			       "would leave the route unprotected)");
+	for (size_t i = 0; i < l.n; i++)
+		for (char *p = l.v[i]; *p; p++)
+			*p = (char)toupper((unsigned char)*p);
+	*CFG_DST(o, base, str_list) = l;
+	return 0;
+}
+
+static bool cfg_is_header(const char *h)
+{
+	return cfg_is_token(h);
+}
+
+static int cfg_conv_headers(const cfg_opt *o, const config_setting_t *s,
+			    void *base, char *why, size_t whylen)
+{
+	return cfg_strings(s, CFG_DST(o, base, str_list), "header name",
+			   cfg_is_header, why, whylen);
+}
+
+/* A replayed Set-Cookie would hand one client's session to another, and a
+ * replayed Date would lie about when the response was made. */
+static int cfg_conv_replay_headers(const cfg_opt *o, const config_setting_t *s,
+				   void *base, char *why, size_t whylen)
+{
+	str_list l;
+	if (cfg_strings(s, &l, "header name", cfg_is_header, why, whylen) < 0)
+		return -1;
+	for (size_t i = 0; i < l.n; i++) {
+		if (ip_strcaseeq(l.v[i], "Set-Cookie") ||
+		    ip_strcaseeq(l.v[i], "Date")) {
+			cfg_why(why, whylen,
+				"\"%s\" is never replayed; remove it", l.v[i]);
+			cfg_list_free(&l);
+			return -1;
+		}
+	}
+	*CFG_DST(o, base, str_list) = l;
+	return 0;
+}
+
+static int cfg_conv_statuses(const cfg_opt *o, const config_setting_t *s,
+			     void *base, char *why, size_t whylen)
+{
+	if (!cfg_is_seq(s))
+		return cfg_why(why, whylen,
+			       "must be a list of HTTP statuses, not %s",
+			       cfg_type_name(s));
+	int n = config_setting_length(s);
+	int *v = xcalloc((size_t)n + 1, sizeof(int));
+	for (int i = 0; i < n; i++) {
+		const config_setting_t *e = config_setting_get_elem(s, (unsigned)i);
+		long long st = cfg_is_int(e) ? config_setting_get_int64(e) : -1;
+		if (st < o->min || st > o->max) {
+			free(v);
+			if (!cfg_is_int(e))
+				return cfg_why(why, whylen,
+					       "element %d must be an integer",
+					       i + 1);
+			return cfg_why(why, whylen,
+				       "%lld is not an HTTP status "
+				       "%" PRId64 "..%" PRId64,
+				       st, o->min, o->max);
+		}
+		v[i] = (int)st;
+	}
+	*CFG_DST(o, base, int *) = v;
+	*(size_t *)((char *)base + o->aux) = (size_t)n;
+	return 0;
+}
+
+static int cfg_conv_tenant(const cfg_opt *o, const config_setting_t *s,
+			   void *base, char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a string", why, whylen) < 0)
+		return -1;
+	const char *v = config_setting_get_string(s);
+	enum tenant_kind kind;
+	const char *arg = NULL;
+	if (strcmp(v, "authorization") == 0) {
+		kind = TENANT_AUTHORIZATION;
+	} else if (strncmp(v, "static:", 7) == 0) {
+		kind = TENANT_STATIC;
+		arg = v + 7;
+		for (const char *p = arg; *p; p++)
+			if (*p < 0x21 || *p > 0x7e)
+				return cfg_why(why, whylen,
+					       "static tenant \"%s\" must be "
+					       "visible ASCII",
+					       arg);
+	} else if (strncmp(v, "header:", 7) == 0) {
+		kind = TENANT_HEADER;
+		arg = v + 7;
+		if (*arg && !cfg_is_header(arg))
+			return cfg_why(why, whylen,
+				       "\"%s\" is not a valid header name",
+				       arg);
+		if (ip_strcaseeq(arg, "Authorization"))
+			return cfg_why(why, whylen,
+				       "use tenant = \"authorization\", which "
+				       "hashes the credential instead of "
+				       "storing it");
+	} else {
+		return cfg_why(why, whylen,
+			       "\"%s\" must be \"static:NAME\", "
+			       "\"header:NAME\" or \"authorization\"",
+			       v);
+	}
+	if (arg && !*arg)
+		return cfg_why(why, whylen, "\"%s\" needs a NAME after ':'", v);
+	*CFG_DST(o, base, enum tenant_kind) = kind;
+	*(char **)((char *)base + o->aux) = arg ? xstrdup(arg) : NULL;
+	return 0;
+}
+
+/* Names are the operation in the store and a metrics label value. */
+static int cfg_conv_route_name(const cfg_opt *o, const config_setting_t *s,
+			       void *base, char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a string", why, whylen) < 0)
+		return -1;
+	const char *v = config_setting_get_string(s);
+	size_t n = strlen(v);
+	if (n == 0 || n > CFG_ROUTE_NAME_MAX || !cfg_span_is(v, n, "_.-"))
+		return cfg_why(why, whylen,
+			       "\"%s\" must be 1..%d characters of "
+			       "A-Z a-z 0-9 _ . -",
+			       v, CFG_ROUTE_NAME_MAX);
+	*CFG_DST(o, base, char *) = xstrdup(v);
+	return 0;
+}
+
+static int cfg_conv_path(const cfg_opt *o, const config_setting_t *s,
+			 void *base, char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a string", why, whylen) < 0)
+		return -1;
+	const char *v = config_setting_get_string(s);
+	char perr[200];
+	pathtpl *t = pathtpl_compile(v, perr, sizeof perr);
+	if (!t)
+		return cfg_why(why, whylen, "\"%s\": %s", v, perr);
+	*CFG_DST(o, base, char *) = xstrdup(v);
+	*(pathtpl **)((char *)base + o->aux) = t;
+	return 0;
+}
+
+static int cfg_conv_upstream(const cfg_opt *o, const config_setting_t *s,
+			     void *base, char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a string", why, whylen) < 0)
+		return -1;
+	return cfg_check_upstream(config_setting_get_string(s),
+				  CFG_DST(o, base, char *), why, whylen);
+}
+
+/* ---- the tables ------------------------------------------------------ */
+
+static const cfg_choice cfg_log_levels[] = {
+	{"error", LOG_ERROR}, {"warn", LOG_WARN}, {"info", LOG_INFO},
+	{"debug", LOG_DEBUG}, {NULL, 0},
+};
+static const cfg_choice cfg_log_formats[] = {
+	{"json", 1}, {"text", 0}, {NULL, 0}};
+static const cfg_choice cfg_unavailable[] = {
+	{"reject", 0}, {"forward", 1}, {NULL, 0}};
+static const cfg_choice cfg_key_modes[] = {
+	{"required", 1}, {"optional", 0}, {NULL, 0}};
+static const cfg_choice cfg_on_unknown[] = {
+	{"release_after_lease", 0}, {"hold", 1}, {NULL, 0}};
+static const cfg_choice cfg_mismatch[] = {
+	{"409", 409}, {"422", 422}, {NULL, 0}};
+
+#define C_(f) offsetof(config, f)
+#define R_(f) offsetof(route_cfg, f)
+#define CFG_N(t) (sizeof(t) / sizeof((t)[0]))
+
+static const cfg_opt cfg_top[] = {
+	{.name = "listen", .conv = cfg_conv_listen,
+	 .def = "\"127.0.0.1:8080\"", .off = C_(listen)},
+	{.name = "admin_listen", .conv = cfg_conv_listen_or_off,
+	 .def = "\"127.0.0.1:8081\"", .off = C_(admin_listen)},
+	{.name = "admin_token", .conv = cfg_conv_string, .def = "\"\"",
+	 .off = C_(admin_token)},
+	{.name = "workers", .conv = cfg_conv_int, .def = "16", .min = 1,
+	 .max = 1024, .off = C_(workers)},
+	{.name = "queue_size", .conv = cfg_conv_int, .def = "1024", .min = 1,
+	 .max = 1048576, .off = C_(queue_size)},
+	{.name = "max_connections", .conv = cfg_conv_int, .def = "1024",
+	 .min = 1, .max = 1048576, .off = C_(max_connections)},
+	{.name = "max_request_body", .conv = cfg_conv_size,
+	 .def = "\"1MiB\"", .min = 1, .max = CFG_GIB,
+	 .off = C_(max_request_body)},
+	{.name = "max_stored_response", .conv = cfg_conv_size,
+	 .def = "\"4MiB\"", .min = 1, .max = CFG_GIB,
+	 .off = C_(max_stored_response)},
+	{.name = "shutdown_grace", .conv = cfg_conv_duration,
+	 .def = "\"10s\"", .min = 0, .max = CFG_MS_HOUR,
+	 .off = C_(shutdown_grace_ms)},
+	{.name = "log_level", .conv = cfg_conv_enum, .def = "\"info\"",
+	 .off = C_(log_level), .choices = cfg_log_levels},
+	{.name = "log_format", .conv = cfg_conv_flag, .def = "\"json\"",
+	 .off = C_(log_json), .choices = cfg_log_formats},
+};
+
+static const cfg_opt cfg_database[] = {
+	{.name = "url", .conv = cfg_conv_string,
+	 .def = "\"postgresql:///idemproxy\"", .off = C_(db_url)},
+	{.name = "statement_timeout", .conv = cfg_conv_duration,
+	 .def = "\"2s\"", .min = 1, .max = CFG_MS_HOUR,
+	 .off = C_(statement_timeout_ms)},
+	{.name = "unavailable", .conv = cfg_conv_flag, .def = "\"reject\"",
+	 .off = C_(db_unavailable_forward), .choices = cfg_unavailable},
+};
+
+/* A reaper faster than 100ms would only keep the database busy. */
+static const cfg_opt cfg_reaper[] = {
+	{.name = "interval", .conv = cfg_conv_duration, .def = "\"5s\"",
+	 .min = 100, .max = CFG_MS_HOUR, .off = C_(reaper_interval_ms)},
+	{.name = "batch", .conv = cfg_conv_int, .def = "1000", .min = 1,
+	 .max = 100000, .off = C_(reaper_batch)},
+};
+
+/* Settable in `defaults` and in each route. */
+static const cfg_opt cfg_route[] = {
+	{.name = "methods", .conv = cfg_conv_methods,
+	 .def = "[\"POST\", \"PATCH\"]", .off = R_(methods)},
+	{.name = "key", .conv = cfg_conv_flag, .def = "\"required\"",
+	 .off = R_(key_required), .choices = cfg_key_modes},
+	{.name = "tenant", .conv = cfg_conv_tenant,
+	 .def = "\"static:default\"", .off = R_(tenant_kind),
+	 .aux = R_(tenant_arg)},
+	{.name = "ttl", .conv = cfg_conv_duration, .def = "\"24h\"",
+	 .min = CFG_MS_SECOND, .max = 3650 * CFG_MS_DAY, .off = R_(ttl_ms)},
+	{.name = "lease", .conv = cfg_conv_duration, .def = "\"30s\"",
+	 .min = 1, .max = CFG_MS_DAY, .off = R_(lease_ms)},
+	{.name = "upstream_timeout", .conv = cfg_conv_duration,
+	 .def = "\"25s\"", .min = 1, .max = CFG_MS_DAY,
+	 .off = R_(upstream_timeout_ms)},
+	{.name = "retry_after", .conv = cfg_conv_duration, .def = "\"1s\"",
+	 .min = 1, .max = CFG_MS_HOUR, .off = R_(retry_after_ms)},
+	{.name = "mismatch_status", .conv = cfg_conv_int_choice, .def = "409",
+	 .off = R_(mismatch_status), .choices = cfg_mismatch},
+	{.name = "release_statuses", .conv = cfg_conv_statuses,
+	 .def = "[408, 425, 429, 500, 502, 503, 504]", .min = 100,
+	 .max = 599, .off = R_(release_statuses),
+	 .aux = R_(n_release_statuses)},
+	{.name = "on_unknown", .conv = cfg_conv_flag,
+	 .def = "\"release_after_lease\"", .off = R_(on_unknown_hold),
+	 .choices = cfg_on_unknown},
+	{.name = "replay_headers", .conv = cfg_conv_replay_headers,
+	 .def = "[\"Content-Type\", \"Content-Language\", \"Location\", "
+		"\"ETag\", \"Last-Modified\", \"Link\", \"Cache-Control\"]",
+	 .off = R_(replay_headers)},
+	{.name = "fingerprint_headers", .conv = cfg_conv_headers, .def = "[]",
+	 .off = R_(fingerprint_headers)},
+};
+
+/* Only in a route, and required there (no default). */
+static const cfg_opt cfg_route_only[] = {
+	{.name = "name", .conv = cfg_conv_route_name, .off = R_(name)},
+	{.name = "path", .conv = cfg_conv_path, .off = R_(path),
+	 .aux = R_(tpl)},
+	{.name = "upstream", .conv = cfg_conv_upstream, .off = R_(upstream)},
+};
+
+/* Top-level groups, handled by code rather than converters. */
+static const char *const cfg_sections[] = {"database", "reaper", "defaults",
+					   "routes"};
+
+/* The tables with defaults; a scope's name is also its group in the file
+ * (but for top and route) and in the built-in defaults. */
+enum cfg_scope_id { CFG_TOP, CFG_DATABASE, CFG_REAPER, CFG_ROUTE };
+static const struct cfg_scope {
+	const char *name;
+	const cfg_opt *opts;
+	size_t n;
+} cfg_scopes[] = {
+	[CFG_TOP] = {"top", cfg_top, CFG_N(cfg_top)},
+	[CFG_DATABASE] = {"database", cfg_database, CFG_N(cfg_database)},
+	[CFG_REAPER] = {"reaper", cfg_reaper, CFG_N(cfg_reaper)},
+	[CFG_ROUTE] = {"route", cfg_route, CFG_N(cfg_route)},
+};
+
+/* ---- applying tables ------------------------------------------------- */
+
+static const cfg_opt *cfg_find(const cfg_opt *opts, size_t n,
+			       const char *name)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(opts[i].name, name) == 0)
+			return &opts[i];
+	return NULL;
+}
+
+static void cfg_builtin_load(config_t *lc)
+{
+	ip_buf b = {0};
+	for (size_t i = 0; i < CFG_N(cfg_scopes); i++) {
+		ip_buf_printf(&b, "%s = {\n", cfg_scopes[i].name);
+		for (size_t j = 0; j < cfg_scopes[i].n; j++)
+			ip_buf_printf(&b, "  %s = %s;\n",
+				      cfg_scopes[i].opts[j].name,
+				      cfg_scopes[i].opts[j].def);
+		ip_buf_puts(&b, "};\n");
+	}
+	config_init(lc);
+	IP_ASSERT(config_read_string(lc, b.data) == CONFIG_TRUE);
+	ip_buf_free(&b);
+}
+
+static const config_setting_t *cfg_member(const config_setting_t *g,
+					  const char *name)
+{
+	return g ? config_setting_get_member(g, name) : NULL;
+}
+
+static const config_setting_t *cfg_builtin(cfg_ctx *x, const char *scope,
+					   const char *name)
+{
+	return cfg_member(cfg_member(config_root_setting(&x->builtin), scope),
+			  name);
+}
+
+/* Every setting of opts into base, each from the first of: group, fallback
+ * (the `defaults` group for a route), the built-in default. prefix names the
+ * scope in messages ("database: ", "route \"x\": "). */
+static int cfg_apply(cfg_ctx *x, const char *scope, const cfg_opt *opts,
+		     size_t n, const config_setting_t *group,
+		     const config_setting_t *fallback, void *base,
+		     const char *prefix)
+{
+	for (size_t i = 0; i < n; i++) {
+		const cfg_opt *o = &opts[i];
+		const config_setting_t *s = cfg_member(group, o->name);
+		if (!s)
+			s = cfg_member(fallback, o->name);
+		bool builtin = !s;
+		if (builtin && !o->def)
+			return cfg_fail(x, group,
+					"%smissing required setting \"%s\"",
+					prefix, o->name);
+		if (builtin)
+			s = cfg_builtin(x, scope, o->name);
+		IP_ASSERT(s);
+		char why[CFG_WHY];
+		if (o->conv(o, s, base, why, sizeof why) == 0)
+			continue;
+		IP_ASSERT(!builtin);
+		return cfg_fail(x, s, "%s%s: %s", prefix, o->name, why);
+	}
+	return 0;
+}
+
+/* Names the first setting of group that opts does not know. Route-only
+ * settings are known only where route_only is true, and elsewhere get a hint. */
+static int cfg_check_known(cfg_ctx *x, const config_setting_t *group,
+			   const cfg_opt *opts, size_t n, bool route_only,
+			   const char *prefix)
+{
+	for (int i = 0; i < config_setting_length(group); i++) {
+		const config_setting_t *s =
+			config_setting_get_elem(group, (unsigned)i);
+		const char *name = config_setting_name(s);
+		bool in_route_only =
+			cfg_find(cfg_route_only, CFG_N(cfg_route_only), name);
+		if (cfg_find(opts, n, name) || (route_only && in_route_only))
+			continue;
+		if (in_route_only)
+			return cfg_fail(x, s,
+					"%s\"%s\" can only be set in a route",
+					prefix, name);
+		return cfg_fail(x, s, "%sunknown setting \"%s\"", prefix, name);
+	}
+	return 0;
+}
+
+static int cfg_check_top_known(cfg_ctx *x, const config_setting_t *root)
+{
+	for (int i = 0; i < config_setting_length(root); i++) {
+		const config_setting_t *s =
+			config_setting_get_elem(root, (unsigned)i);
+		const char *name = config_setting_name(s);
+		bool known = cfg_find(cfg_top, CFG_N(cfg_top), name) != NULL;
+		for (size_t j = 0; j < CFG_N(cfg_sections); j++)
+			known = known || strcmp(name, cfg_sections[j]) == 0;
+		if (!known)
+			return cfg_fail(x, s, "unknown setting \"%s\"", name);
+	}
+	return 0;
+}
+
+/* An optional top-level group: absent is fine, anything but a group is not. */
+static int cfg_want_group(cfg_ctx *x, const config_setting_t *g,
+			  const char *name)
+{
+	if (!g || config_setting_is_group(g))
+		return 0;
+	return cfg_fail(x, g, "%s: must be a group { ... }, not %s", name,
+			cfg_type_name(g));
+}
+
+/* database = { ... } or reaper = { ... } into c. */
+static int cfg_load_section(cfg_ctx *x, const config_setting_t *root,
+			    const struct cfg_scope *sc, config *c)
+{
+	const config_setting_t *g = cfg_member(root, sc->name);
+	char prefix[64];
+	snprintf(prefix, sizeof prefix, "%s: ", sc->name);
+	if (cfg_want_group(x, g, sc->name) < 0)
+		return -1;
+	if (g && cfg_check_known(x, g, sc->opts, sc->n, false, prefix) < 0)
+		return -1;
+	return cfg_apply(x, sc->name, sc->opts, sc->n, g, NULL, c, prefix);
+}
+
+/* ---- routes ---------------------------------------------------------- */
+
+static void cfg_route_free(route_cfg *r)
+{
+	free(r->name);
+	free(r->path);
+	pathtpl_free(r->tpl);
+	free(r->upstream);
+	cfg_list_free(&r->methods);
+	free(r->tenant_arg);
+	free(r->release_statuses);
+	cfg_list_free(&r->replay_headers);
+	cfg_list_free(&r->fingerprint_headers);
+}
+
+/* The line to blame for a rule between two settings: the route's own
+ * setting if it has one, else the defaults', else the route. */
+static const config_setting_t *cfg_blame(const config_setting_t *route,
+					 const config_setting_t *defaults,
+					 const char *a, const char *b)
+{
+	const config_setting_t *s = cfg_member(route, a);
+	if (!s)
+		s = cfg_member(route, b);
+	if (!s)
+		s = cfg_member(defaults, a);
+	if (!s)
+		s = cfg_member(defaults, b);
+	return s ? s : route;
+}
+
+static int cfg_route_rules(cfg_ctx *x, const route_cfg *r,
+			   const config_setting_t *g,
+			   const config_setting_t *defaults)
+{
+	char a[32], b[32];
+	if (r->lease_ms <= r->upstream_timeout_ms) {
+		cfg_fmt_ms(r->lease_ms, a, sizeof a);
+		cfg_fmt_ms(r->upstream_timeout_ms, b, sizeof b);
+		return cfg_fail(x,
+				cfg_blame(g, defaults, "lease",
+					  "upstream_timeout"),
+				"route \"%s\": lease (%s) must be longer than "
+				"upstream_timeout (%s)",
+				r->name, a, b);
+	}
+	if (r->ttl_ms <= r->lease_ms) {
+		cfg_fmt_ms(r->ttl_ms, a, sizeof a);
+		cfg_fmt_ms(r->lease_ms, b, sizeof b);
+		return cfg_fail(x, cfg_blame(g, defaults, "ttl", "lease"),
+				"route \"%s\": ttl (%s) must be longer than "
+				"lease (%s)",
+				r->name, a, b);
+	}
+	return 0;
+}
+
+static int cfg_load_route(cfg_ctx *x, const config_setting_t *g, size_t idx,
+			  const config_setting_t *defaults, route_cfg *r)
+{
+	char prefix[CFG_ROUTE_NAME_MAX + 32];
+	snprintf(prefix, sizeof prefix, "routes[%zu]: ", idx + 1);
+	if (!config_setting_is_group(g))
+		return cfg_fail(x, g,
+				"%smust be a group { name = ...; path = ...; "
+				"upstream = ...; }, not %s",
+				prefix, cfg_type_name(g));
+	r->line = (int)config_setting_source_line(g);
+	if (cfg_apply(x, NULL, cfg_route_only, 1, g, NULL, r, prefix) < 0)
+		return -1;
+	snprintf(prefix, sizeof prefix, "route \"%s\": ", r->name);
+	if (cfg_check_known(x, g, cfg_route, CFG_N(cfg_route), true, prefix) <
+	    0)
+		return -1;
+	if (cfg_apply(x, NULL, cfg_route_only + 1, CFG_N(cfg_route_only) - 1,
+		      g, NULL, r, prefix) < 0)
+		return -1;
+	if (cfg_apply(x, "route", cfg_route, CFG_N(cfg_route), g, defaults, r,
+		      prefix) < 0)
+		return -1;
+	return cfg_route_rules(x, r, g, defaults);
+}
+
+/* The defaults group on its own, so a bad value there is reported as the
+ * defaults' fault rather than as the first route's. */
+static int cfg_check_defaults(cfg_ctx *x, const config_setting_t *d)
+{
+	if (!d)
+		return 0;
+	if (cfg_want_group(x, d, "defaults") < 0 ||
+	    cfg_check_known(x, d, cfg_route, CFG_N(cfg_route), false,
+			    "defaults: ") < 0)
+		return -1;
+	route_cfg scratch = {0};
+	int rc = cfg_apply(x, "route", cfg_route, CFG_N(cfg_route), d, NULL,
+			   &scratch, "defaults: ");
+	cfg_route_free(&scratch);
+	return rc;
+}
+
+static int cfg_load_routes(cfg_ctx *x, config *c, const config_setting_t *root,
+			   const config_setting_t *defaults)
+{
+	const config_setting_t *rs = cfg_member(root, "routes");
+	if (!rs)
+		return cfg_fail(x, NULL,
+				"no routes: add routes = ( { name = ...; "
+				"path = ...; upstream = ...; } )");
+	if (!cfg_is_seq(rs))
+		return cfg_fail(x, rs, "routes: must be a list ( { ... }, ... ), "
+				       "not %s",
+				cfg_type_name(rs));
+	size_t n = (size_t)config_setting_length(rs);
+	if (n == 0)
+		return cfg_fail(x, rs, "routes: the list is empty");
+	c->routes = xcalloc(n, sizeof *c->routes);
+	c->n_routes = n;
+	for (size_t i = 0; i < n; i++) {
+		const config_setting_t *g =
+			config_setting_get_elem(rs, (unsigned)i);
+		route_cfg *r = &c->routes[i];
+		if (cfg_load_route(x, g, i, defaults, r) < 0)
+			return -1;
+		for (size_t j = 0; j < i; j++) {
+			if (strcmp(c->routes[j].name, r->name) != 0)
+				continue;
+			return cfg_fail(x, cfg_member(g, "name"),
+					"route \"%s\": duplicate name (first "
+					"used at line %d)",
+					r->name, c->routes[j].line);
+		}
+	}
+	return 0;
+}
+
+/* ---- the whole file -------------------------------------------------- */
+
+static void cfg_free(config *c)
+{
+	free(c->file);
+	free(c->listen);
+	free(c->admin_listen);
+	free(c->admin_token);
+	free(c->db_url);
+	for (size_t i = 0; i < c->n_routes; i++)
+		cfg_route_free(&c->routes[i]);
+	free(c->routes);
+	free(c);
+}
+
+/* Containers set these instead of editing the file. An empty variable counts
+ * as unset, the usual way to clear one in a compose file. */
+static int cfg_env_overrides(cfg_ctx *x, config *c)
+{
+	const char *url = getenv("IDEMPROXY_DATABASE_URL");
+	if (url && *url) {
+		free(c->db_url);
+		c->db_url = xstrdup(url);
+	}
+	const char *listen = getenv("IDEMPROXY_LISTEN");
+	if (!listen || !*listen)
+		return 0;
+	char host[256], why[CFG_WHY];
+	int port;
+	if (config_split_listen(listen, host, sizeof host, &port, why,
+				sizeof why) < 0) {
+		snprintf(x->err, x->errlen, "IDEMPROXY_LISTEN: %s", why);
+		return -1;
+	}
+	free(c->listen);
+	c->listen = xstrdup(listen);
+	return 0;
+}
+
+static int cfg_load_all(cfg_ctx *x, config *c, const config_setting_t *root)
+{
+	const config_setting_t *defaults = cfg_member(root, "defaults");
+	if (cfg_check_top_known(x, root) < 0 ||
+	    cfg_apply(x, "top", cfg_top, CFG_N(cfg_top), root, NULL, c, "") <
+		    0 ||
+	    cfg_load_section(x, root, &cfg_scopes[CFG_DATABASE], c) < 0 ||
+	    cfg_load_section(x, root, &cfg_scopes[CFG_REAPER], c) < 0 ||
+	    cfg_check_defaults(x, defaults) < 0 ||
+	    cfg_load_routes(x, c, root, defaults) < 0 ||
+	    cfg_env_overrides(x, c) < 0)
+		return -1;
+	if (*c->admin_listen && strcmp(c->admin_listen, c->listen) == 0)
+		return cfg_fail(x, cfg_member(root, "admin_listen"),
+				"admin_listen: \"%s\" is also listen",
+				c->admin_listen);
+	return 0;
+}
+
+config *config_load(const char *file, char *err, size_t errlen)
+{
+	cfg_ctx x = {.file = file, .err = err, .errlen = errlen};
+	config_t lc;
+	config_init(&lc);
+	if (config_read_file(&lc, file) != CONFIG_TRUE) {
+		if (config_error_type(&lc) == CONFIG_ERR_FILE_IO)
+			snprintf(err, errlen, "%s: cannot read the file", file);
+		else
+			snprintf(err, errlen, "%s:%d: %s",
+				 config_error_file(&lc) ? config_error_file(&lc)
+							: file,
+				 config_error_line(&lc), config_error_text(&lc));
+		config_destroy(&lc);
+		return NULL;
+	}
+
+	cfg_builtin_load(&x.builtin);
+	config *c = xcalloc(1, sizeof *c);
+	atomic_init(&c->refs, 1);
+	c->file = xstrdup(file);
+	int rc = cfg_load_all(&x, c, config_root_setting(&lc));
+	config_destroy(&x.builtin);
+	config_destroy(&lc);
+	if (rc < 0) {
+		cfg_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+config *config_ref(config *c)
+{
+	if (c)
+		atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+	return c;
+}
+
+/* acq_rel so the thread that frees sees every other holder's last use. */
+void config_unref(config *c)
+{
+	if (!c)
+		return;
+	int before =
+		atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel);
+	IP_ASSERT(before > 0);
+	if (before == 1)
+		cfg_free(c);
+}
+
+const route_cfg *config_match_route(const config *c, const char *path,
+				    size_t len)
+{
+	for (size_t i = 0; i < c->n_routes; i++)
+		if (pathtpl_match(c->routes[i].tpl, path, len))
+			return &c->routes[i];
+	return NULL;
+}
+
+bool route_has_method(const route_cfg *r, const char *method)
+{
+	for (size_t i = 0; i < r->methods.n; i++)
+		if (strcmp(r->methods.v[i], method) == 0)
+			return true;
+	return false;
+}
+
+bool route_releases_status(const route_cfg *r, int status)
+{
+	for (size_t i = 0; i < r->n_release_statuses; i++)
+		if (r->release_statuses[i] == status)
+			return true;
+	return false;
+}
+
+static void cfg_tenant_text(const route_cfg *r, char *buf, size_t n)
+{
+	switch (r->tenant_kind) {
+	case TENANT_STATIC:
+		snprintf(buf, n, "static:%s", r->tenant_arg);
+		break;
+	case TENANT_HEADER:
+		snprintf(buf, n, "header:%s", r->tenant_arg);
+		break;
+	case TENANT_AUTHORIZATION:
+		snprintf(buf, n, "authorization");
+		break;
+	}
+}
+
+void config_print_routes(const config *c, FILE *out)
+{
+	int wname = 0, wpath = 0;
+	for (size_t i = 0; i < c->n_routes; i++) {
+		int ln = (int)strlen(c->routes[i].name);
+		int lp = (int)strlen(c->routes[i].path);
+		wname = ln > wname ? ln : wname;
+		wpath = lp > wpath ? lp : wpath;
+	}
+	for (size_t i = 0; i < c->n_routes; i++) {
+		const route_cfg *r = &c->routes[i];
+		ip_buf m = {0};
+		for (size_t j = 0; j < r->methods.n; j++)
+			ip_buf_printf(&m, "%s%s", j ? "," : "",
+				      r->methods.v[j]);
+		char tenant[300], ttl[32], lease[32];
+		cfg_tenant_text(r, tenant, sizeof tenant);
+		cfg_fmt_ms(r->ttl_ms, ttl, sizeof ttl);
+		cfg_fmt_ms(r->lease_ms, lease, sizeof lease);
+		fprintf(out,
+			"%-*s  %-*s  -> %s  methods=%s key=%s tenant=%s "
+			"ttl=%s lease=%s\n",
+			wname, r->name, wpath, r->path, r->upstream, m.data,
+			r->key_required ? "required" : "optional", tenant,
+			ttl, lease);
+		ip_buf_free(&m);
+	}
+}

@@ -1,0 +1,176 @@
+#include "idem.h"
+
+#include <openssl/sha.h>
+#include <stdio.h>
+#include <string.h>
+
+static void reject(idem_plan *p, int status, const char *code,
+		   const char *outcome, const char *detail)
+{
+	p->action = IDEM_REJECT;
+	p->status = status;
+	p->code = code;
+	p->outcome = outcome;
+	snprintf(p->detail, sizeof p->detail, "%s", detail);
+}
+
+static bool tenant_value_ok(const char *v)
+{
+	size_t n = strlen(v);
+	if (n == 0 || n > IDEM_TENANT_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
+			return false;
+	return true;
+}
+
+/* Fills p->tenant, or rejects. Returns false on rejection. */
+static bool plan_tenant(const route_cfg *r, const header_list *h,
+			idem_plan *p)
+{
+	if (r->tenant_kind == TENANT_STATIC) {
+		snprintf(p->tenant, sizeof p->tenant, "%s", r->tenant_arg);
+		return true;
+	}
+	if (r->tenant_kind == TENANT_HEADER) {
+		size_t n = header_list_count(h, r->tenant_arg);
+		const char *v = header_list_get(h, r->tenant_arg);
+		if (n == 0 || !v || !v[0]) {
+			char d[160];
+			snprintf(d, sizeof d, "the %s header is required",
+				 r->tenant_arg);
+			reject(p, 400, "tenant_missing", "rejected", d);
+			return false;
+		}
+		if (n > 1 || !tenant_value_ok(v)) {
+			char d[160];
+			snprintf(d, sizeof d,
+				 "the %s header must be one value of 1-255 "
+				 "visible ASCII characters",
+				 r->tenant_arg);
+			reject(p, 400, "bad_request", "rejected", d);
+			return false;
+		}
+		snprintf(p->tenant, sizeof p->tenant, "%s", v);
+		return true;
+	}
+	const char *auth = header_list_get(h, "Authorization");
+	if (!auth || !auth[0]) {
+		reject(p, 401, "credentials_missing", "rejected",
+		       "this route needs an Authorization header");
+		return false;
+	}
+	/* Each credential is its own scope; only its hash is ever stored. */
+	uint8_t md[SHA256_DIGEST_LENGTH];
+	SHA256((const unsigned char *)auth, strlen(auth), md);
+	ip_hex(md, sizeof md, p->tenant);
+	return true;
+}
+
+void idem_plan_request(const config *cfg, const char *method,
+		       const char *path, size_t path_len,
+		       const header_list *headers, idem_plan *p)
+{
+	memset(p, 0, sizeof *p);
+	const route_cfg *r = config_match_route(cfg, path, path_len);
+	p->route = r;
+	if (!r) {
+		reject(p, 404, "route_not_found", "rejected",
+		       "no route matches this path");
+		return;
+	}
+	if (!route_has_method(r, method)) {
+		p->action = IDEM_PASSTHROUGH;
+		p->outcome = "passthrough";
+		return;
+	}
+	size_t nkeys = header_list_count(headers, "Idempotency-Key");
+	if (nkeys == 0) {
+		if (!r->key_required) {
+			p->action = IDEM_PASSTHROUGH;
+			p->outcome = "passthrough";
+			return;
+		}
+		reject(p, 400, "idempotency_key_missing", "key_missing",
+		       "this operation needs an Idempotency-Key header");
+		return;
+	}
+	if (nkeys > 1) {
+		reject(p, 400, "idempotency_key_invalid", "key_invalid",
+		       "send exactly one Idempotency-Key header");
+		return;
+	}
+	const char *v = header_list_get(headers, "Idempotency-Key");
+	size_t klen;
+	const char *why = NULL;
+	if (idkey_parse(v, strlen(v), p->key, &klen, &why) != 0) {
+		reject(p, 400, "idempotency_key_invalid", "key_invalid",
+		       why ? why : "malformed Idempotency-Key");
+		return;
+	}
+	if (!plan_tenant(r, headers, p))
+		return;
+	p->action = IDEM_CLAIM;
+	p->outcome = NULL;
+}
+
+enum idem_record idem_record_for(const route_cfg *r, bool got_response,
+				 bool sent, int status)
+{
+	if (!got_response)
+		return sent ? REC_LEAVE : REC_RELEASE;
+	return route_releases_status(r, status) ? REC_RELEASE : REC_COMPLETE;
+}
+
+int64_t idem_retry_after_s(int64_t ms)
+{
+	int64_t s = (ms + 999) / 1000;
+	return s < 1 ? 1 : s;
+}
+
+static bool is_replay_header(const route_cfg *r, const char *name)
+{
+	for (size_t i = 0; i < r->replay_headers.n; i++)
+		if (ip_strcaseeq(name, r->replay_headers.v[i]))
+			return true;
+	return false;
+}
+
+void idem_encode_replay_headers(const route_cfg *r, const header_list *h,
+				ip_buf *out)
+{
+	for (size_t i = 0; i < h->n; i++) {
+		const http_header *x = &h->v[i];
+		/* Set-Cookie and Date are never replayed, whatever the conf
+		 * says (the loader refuses them too). */
+		if (ip_strcaseeq(x->name, "Set-Cookie") ||
+		    ip_strcaseeq(x->name, "Date") ||
+		    !is_replay_header(r, x->name))
+			continue;
+		if (strpbrk(x->value, "\r\n"))
+			continue;
+		ip_buf_printf(out, "%s: %s\r\n", x->name, x->value);
+	}
+}
+
+void idem_decode_replay_headers(const char *s, size_t len, header_list *out)
+{
+	const char *end = s + len;
+	while (s < end) {
+		const char *eol = memchr(s, '\n', (size_t)(end - s));
+		const char *line_end = eol ? eol : end;
+		const char *e = line_end;
+		if (e > s && e[-1] == '\r')
+			e--;
+		const char *colon = memchr(s, ':', (size_t)(e - s));
+		if (colon && colon > s) {
+			const char *v = colon + 1;
+			while (v < e && (*v == ' ' || *v == '\t'))
+				v++;
+			header_list_add(out, s, (size_t)(colon - s), v,
+					(size_t)(e - v));
+		}
+		s = eol ? eol + 1 : end;
+	}
+}

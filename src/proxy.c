@@ -1,0 +1,438 @@
+#include "proxy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fingerprint.h"
+#include "idem.h"
+#include "log.h"
+#include "metrics.h"
+#include "problem.h"
+#include "store_pg.h"
+#include "upstream.h"
+
+typedef struct proxy_worker {
+	int index;
+	store *st;
+	upstream *up;
+	ip_buf scratch;
+} proxy_worker;
+
+void *proxy_worker_init(void *arg, int index)
+{
+	const proxy_shared *sh = arg;
+	proxy_worker *w = xcalloc(1, sizeof *w);
+	w->index = index;
+	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
+	w->up = upstream_new();
+	char err[256];
+	/* Connect now so the first request does not pay for it; a failure is
+	 * retried on first use. */
+	if (store_ensure(w->st, err, sizeof err))
+		log_warn("store connect failed", "worker=%d %s", index, err);
+	return w;
+}
+
+void proxy_worker_fini(void *ctx)
+{
+	proxy_worker *w = ctx;
+	store_free(w->st);
+	upstream_free(w->up);
+	ip_buf_free(&w->scratch);
+	free(w);
+}
+
+void proxy_problem(job *j, int status, const char *code, const char *detail,
+		   int64_t retry_after_s)
+{
+	j->status = status;
+	header_list_free(&j->resp_headers);
+	ip_buf_reset(&j->resp_body);
+	problem_render(&j->resp_body, status, code, detail, j->request_id);
+	header_list_add(&j->resp_headers, "Content-Type", 12,
+			PROBLEM_CONTENT_TYPE, strlen(PROBLEM_CONTENT_TYPE));
+	if (retry_after_s > 0) {
+		char v[24];
+		int n = snprintf(v, sizeof v, "%lld", (long long)retry_after_s);
+		header_list_add(&j->resp_headers, "Retry-After", 11, v,
+				(size_t)n);
+	}
+}
+
+void proxy_account(job *j)
+{
+	double total = ip_now_ms() - j->t_start_ms;
+	metrics_request(j->route_name, j->outcome ? j->outcome : "rejected");
+	metrics_observe_request_ms(total);
+	char path[512];
+	size_t n = j->path_len < sizeof path - 1 ? j->path_len
+						 : sizeof path - 1;
+	memcpy(path, j->target ? j->target : "", j->target ? n : 0);
+	path[j->target ? n : 0] = '\0';
+	log_request r = {
+		.request_id = j->request_id,
+		.route = j->route_name,
+		.method = j->method,
+		.path = path,
+		.tenant = j->tenant,
+		.key = j->key,
+		.outcome = j->outcome,
+		.status = j->status,
+		.attempt = j->attempt,
+		.upstream_ms = j->upstream_ms,
+		.store_ms = j->store_ms,
+		.total_ms = total,
+	};
+	log_request_line(&r);
+}
+
+/* Is name listed in the request's Connection header(s)? */
+static bool named_in_connection(const header_list *h, const char *name)
+{
+	size_t nlen = strlen(name);
+	for (size_t i = 0; i < h->n; i++) {
+		if (!ip_strcaseeq(h->v[i].name, "Connection"))
+			continue;
+		const char *p = h->v[i].value;
+		while (*p) {
+			while (*p == ' ' || *p == '\t' || *p == ',')
+				p++;
+			const char *s = p;
+			while (*p && *p != ',')
+				p++;
+			const char *e = p;
+			while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+				e--;
+			if ((size_t)(e - s) == nlen &&
+			    ip_strncaseeq(s, name, nlen))
+				return true;
+		}
+	}
+	return false;
+}
+
+static void build_upstream_headers(const job *j, header_list *out)
+{
+	const header_list *in = &j->req_headers;
+	const char *xff = NULL, *host = header_list_get(in, "Host");
+	bool has_proto = false, has_fwd_host = false, has_rid = false;
+	for (size_t i = 0; i < in->n; i++) {
+		const http_header *h = &in->v[i];
+		if (upstream_is_hop_header(h->name) ||
+		    ip_strcaseeq(h->name, "Host") ||
+		    ip_strcaseeq(h->name, "Expect") ||
+		    named_in_connection(in, h->name))
+			continue;
+		if (ip_strcaseeq(h->name, "X-Forwarded-For")) {
+			xff = h->value;
+			continue;
+		}
+		if (ip_strcaseeq(h->name, "X-Forwarded-Proto"))
+			has_proto = true;
+		if (ip_strcaseeq(h->name, "X-Forwarded-Host"))
+			has_fwd_host = true;
+		if (ip_strcaseeq(h->name, "X-Request-Id"))
+			has_rid = true;
+		header_list_add(out, h->name, strlen(h->name), h->value,
+				strlen(h->value));
+	}
+	ip_buf v = {0};
+	if (xff)
+		ip_buf_printf(&v, "%s, %s", xff, j->client_ip);
+	else
+		ip_buf_puts(&v, j->client_ip);
+	header_list_add(out, "X-Forwarded-For", 15, v.data, v.len);
+	ip_buf_free(&v);
+	if (!has_proto)
+		header_list_add(out, "X-Forwarded-Proto", 17, "http", 4);
+	if (!has_fwd_host && host)
+		header_list_add(out, "X-Forwarded-Host", 16, host,
+				strlen(host));
+	if (!has_rid)
+		header_list_add(out, "X-Request-Id", 12, j->request_id,
+				strlen(j->request_id));
+}
+
+static void send_upstream(proxy_worker *w, job *j, const route_cfg *r,
+			  upstream_resp *resp)
+{
+	header_list hdrs = {0};
+	build_upstream_headers(j, &hdrs);
+	/* Responses above max_stored_response still pass through; beyond this
+	 * hard bound the proxy will not hold a body in memory. */
+	int64_t cap = j->cfg->max_stored_response * 16;
+	if (cap < (int64_t)256 << 20)
+		cap = (int64_t)256 << 20;
+	upstream_req req = {
+		.method = j->method,
+		.base = r->upstream,
+		.target = j->target,
+		.headers = &hdrs,
+		.body = j->body.data,
+		.body_len = j->body.len,
+		.timeout_ms = r->upstream_timeout_ms,
+		.max_response = cap,
+	};
+	upstream_send(w->up, &req, resp);
+	header_list_free(&hdrs);
+	j->upstream_ms += resp->ms;
+	metrics_observe_upstream_ms(resp->ms);
+	metrics_upstream_response(r->name, resp->outcome == UP_RESPONSE
+						   ? resp->status
+						   : 0);
+}
+
+/* Hands the upstream's response to the client as it is. */
+static void pass_response(job *j, upstream_resp *resp)
+{
+	j->status = resp->status;
+	header_list_free(&j->resp_headers);
+	j->resp_headers = resp->headers;
+	memset(&resp->headers, 0, sizeof resp->headers);
+	ip_buf_free(&j->resp_body);
+	j->resp_body = resp->body;
+	memset(&resp->body, 0, sizeof resp->body);
+}
+
+static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
+{
+	upstream_resp resp;
+	send_upstream(w, j, r, &resp);
+	if (resp.outcome == UP_RESPONSE)
+		pass_response(j, &resp);
+	else if (resp.outcome == UP_NOT_SENT)
+		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
+	else
+		proxy_problem(j, 504, "upstream_outcome_unknown", resp.error,
+			      idem_retry_after_s(r->retry_after_ms));
+	upstream_resp_free(&resp);
+}
+
+static void compute_fingerprint(const job *j, const route_cfg *r,
+				uint8_t out[FP_LEN])
+{
+	const char *values[64];
+	size_t n = r->fingerprint_headers.n < 64 ? r->fingerprint_headers.n
+						 : 64;
+	for (size_t i = 0; i < n; i++)
+		values[i] = header_list_get(&j->req_headers,
+					    r->fingerprint_headers.v[i]);
+	fp_input in = {
+		.method = j->method,
+		.route = r->name,
+		.raw_target = j->target,
+		.content_type = header_list_get(&j->req_headers,
+						"Content-Type"),
+		.n_headers = n,
+		.header_names = (const char *const *)r->fingerprint_headers.v,
+		.header_values = values,
+		.body = j->body.data ? j->body.data : "",
+		.body_len = j->body.len,
+	};
+	fp_compute(&in, out);
+}
+
+static void replay(job *j, const claim_result *c)
+{
+	if (!c->replayable) {
+		j->outcome = "not_replayable";
+		proxy_problem(j, 409, "idempotency_response_not_replayable",
+			      "the first response to this key was too large "
+			      "to store; it cannot be replayed",
+			      0);
+		return;
+	}
+	j->outcome = "replayed";
+	j->status = c->status;
+	header_list_free(&j->resp_headers);
+	idem_decode_replay_headers(c->headers, c->headers_len,
+				   &j->resp_headers);
+	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true",
+			4);
+	ip_buf_reset(&j->resp_body);
+	ip_buf_append(&j->resp_body, c->body, c->body_len);
+}
+
+/* Records the outcome of the attempt this worker owns. A failure to record
+ * is reported, never hidden: the record stays processing and the lease rules
+ * decide what a retry gets. */
+static void record(proxy_worker *w, job *j, const route_cfg *r,
+		   const record_key *k, enum idem_record what,
+		   const upstream_resp *resp)
+{
+	if (what == REC_LEAVE)
+		return;
+	char err[256];
+	bool fenced = false;
+	double t0 = ip_now_ms();
+	int rc;
+	if (what == REC_RELEASE) {
+		rc = store_release(w->st, k, &fenced, err, sizeof err);
+	} else {
+		bool replayable =
+			(int64_t)resp->body.len <= j->cfg->max_stored_response;
+		ip_buf *h = &w->scratch;
+		ip_buf_reset(h);
+		idem_encode_replay_headers(r, &resp->headers, h);
+		rc = store_complete(w->st, k, resp->status, h->data ? h->data : "",
+				    h->len, replayable ? resp->body.data : NULL,
+				    replayable ? resp->body.len : 0, replayable,
+				    &fenced, err, sizeof err);
+	}
+	double ms = ip_now_ms() - t0;
+	j->store_ms += ms;
+	metrics_observe_store_ms(ms);
+	metrics_set_store_up(rc == 0);
+	if (rc) {
+		metrics_event("record_failed");
+		log_error("could not record the outcome; the record stays "
+			  "processing until its lease ends",
+			  "request_id=%s route=%s key=%s %s", j->request_id,
+			  r->name, j->key, err);
+	} else if (fenced) {
+		metrics_event("record_fenced");
+		log_warn("attempt lost its lease to another attempt; outcome "
+			 "not recorded",
+			 "request_id=%s route=%s key=%s", j->request_id,
+			 r->name, j->key);
+	}
+}
+
+static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
+			  const idem_plan *p, const claim_result *c)
+{
+	record_key k = {p->tenant, r->name, p->key, c->owner};
+	upstream_resp resp;
+	send_upstream(w, j, r, &resp);
+	bool got = resp.outcome == UP_RESPONSE;
+	enum idem_record what =
+		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,
+				resp.status);
+	record(w, j, r, &k, what, &resp);
+	if (got) {
+		j->outcome = "forwarded";
+		pass_response(j, &resp);
+	} else if (resp.outcome == UP_NOT_SENT) {
+		j->outcome = "upstream_unavailable";
+		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
+	} else {
+		j->outcome = "outcome_unknown";
+		log_warn("upstream outcome unknown", "request_id=%s key=%s %s",
+			 j->request_id, p->key, resp.error);
+		proxy_problem(j, 504, "upstream_outcome_unknown",
+			      "the request was sent upstream but no complete "
+			      "answer came back; retry with the same key",
+			      idem_retry_after_s(r->lease_ms));
+	}
+	upstream_resp_free(&resp);
+}
+
+static void store_down(proxy_worker *w, job *j, const route_cfg *r,
+		       const char *err)
+{
+	metrics_set_store_up(false);
+	log_error("store unavailable", "request_id=%s %s", j->request_id, err);
+	if (j->cfg->db_unavailable_forward) {
+		metrics_event("forwarded_unprotected");
+		forward_unprotected(w, j, r);
+		j->outcome = "store_unavailable";
+		return;
+	}
+	j->outcome = "store_unavailable";
+	proxy_problem(j, 503, "idempotency_store_unavailable",
+		      "the idempotency store cannot be reached; retry later "
+		      "with the same key",
+		      idem_retry_after_s(r->retry_after_ms));
+}
+
+static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
+			   const idem_plan *p)
+{
+	uint8_t hash[FP_LEN];
+	compute_fingerprint(j, r, hash);
+	claim_req req = {
+		.tenant = p->tenant,
+		.operation = r->name,
+		.key = p->key,
+		.hash = hash,
+		.lease_ms = r->lease_ms,
+		.ttl_ms = r->ttl_ms,
+		.hold_on_unknown = r->on_unknown_hold,
+	};
+	claim_result c;
+	char err[256];
+	double t0 = ip_now_ms();
+	int rc = store_claim(w->st, &req, &c, err, sizeof err);
+	double ms = ip_now_ms() - t0;
+	j->store_ms += ms;
+	metrics_observe_store_ms(ms);
+	if (rc) {
+		store_down(w, j, r, err);
+		return;
+	}
+	metrics_set_store_up(true);
+	j->attempt = c.attempt;
+	switch (c.decision) {
+	case CLAIM_TAKEOVER:
+		metrics_takeover(r->name);
+		/* fall through */
+	case CLAIM_FORWARD:
+		forward_owned(w, j, r, p, &c);
+		break;
+	case CLAIM_REPLAY:
+		replay(j, &c);
+		break;
+	case CLAIM_IN_FLIGHT:
+		j->outcome = "in_flight";
+		proxy_problem(j, 409, "idempotency_key_in_use",
+			      "an earlier request with this key is still being "
+			      "processed; retry after the delay",
+			      idem_retry_after_s(r->retry_after_ms));
+		break;
+	case CLAIM_HELD:
+		j->outcome = "in_flight";
+		proxy_problem(j, 409, "idempotency_key_in_use",
+			      "the outcome of an earlier attempt with this key "
+			      "is unknown and the key is held until an "
+			      "operator releases it",
+			      idem_retry_after_s(r->retry_after_ms));
+		break;
+	case CLAIM_MISMATCH:
+		j->outcome = "mismatch";
+		proxy_problem(j, r->mismatch_status, "idempotency_key_mismatch",
+			      "this key was already used with a different "
+			      "request payload",
+			      0);
+		break;
+	}
+	claim_result_clear(&c);
+}
+
+void proxy_worker_handle(void *ctx, void *item)
+{
+	proxy_worker *w = ctx;
+	job *j = item;
+	idem_plan p;
+	idem_plan_request(j->cfg, j->method, j->target, j->path_len,
+			  &j->req_headers, &p);
+	const route_cfg *r = p.route;
+	j->route_name = r ? r->name : NULL;
+	switch (p.action) {
+	case IDEM_REJECT:
+		j->outcome = p.outcome;
+		proxy_problem(j, p.status, p.code, p.detail, 0);
+		break;
+	case IDEM_PASSTHROUGH:
+		j->outcome = "passthrough";
+		forward_unprotected(w, j, r);
+		break;
+	case IDEM_CLAIM:
+		j->key = xstrdup(p.key);
+		j->tenant = xstrdup(p.tenant);
+		handle_claimed(w, j, r, &p);
+		break;
+	}
+	proxy_account(j);
+	j->done(j);
+}

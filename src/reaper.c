@@ -1,0 +1,115 @@
+#include "reaper.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "log.h"
+#include "metrics.h"
+#include "store_pg.h"
+
+struct reaper {
+	store *st;
+	int64_t interval_ms;
+	int batch;
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool stopping;
+	bool was_down;
+};
+
+/* Runs one batch statement until a batch comes back less than full. */
+static int drain(reaper *r, int (*fn)(store *, int, int *, char *, size_t),
+		 int *total, char *err, size_t errlen)
+{
+	*total = 0;
+	for (;;) {
+		int n = 0;
+		if (fn(r->st, r->batch, &n, err, errlen))
+			return -1;
+		*total += n;
+		if (n < r->batch)
+			return 0;
+	}
+}
+
+static void pass(reaper *r)
+{
+	char err[256];
+	int released = 0, purged = 0;
+	int64_t count = 0;
+	double age = 0;
+	if (drain(r, store_reap_leases, &released, err, sizeof err) ||
+	    drain(r, store_purge_expired, &purged, err, sizeof err) ||
+	    store_processing_stats(r->st, &count, &age, err, sizeof err)) {
+		metrics_set_store_up(false);
+		if (!r->was_down)
+			log_error("reaper: store unavailable", "%s", err);
+		r->was_down = true;
+		return;
+	}
+	if (r->was_down)
+		log_info("reaper: store reachable again", NULL);
+	r->was_down = false;
+	metrics_set_store_up(true);
+	metrics_reaper(released, purged);
+	metrics_set_processing(count, age);
+	if (released || purged)
+		log_info("reaper pass", "released=%d purged=%d processing=%lld",
+			 released, purged, (long long)count);
+}
+
+static void *reaper_main(void *arg)
+{
+	reaper *r = arg;
+	pthread_mutex_lock(&r->mu);
+	while (!r->stopping) {
+		pthread_mutex_unlock(&r->mu);
+		pass(r);
+		pthread_mutex_lock(&r->mu);
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += r->interval_ms / 1000;
+		ts.tv_nsec += (r->interval_ms % 1000) * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		while (!r->stopping &&
+		       pthread_cond_timedwait(&r->cv, &r->mu, &ts) != ETIMEDOUT)
+			;
+	}
+	pthread_mutex_unlock(&r->mu);
+	return NULL;
+}
+
+reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
+		     int64_t interval_ms, int batch)
+{
+	reaper *r = xcalloc(1, sizeof *r);
+	r->st = store_new(db_url, statement_timeout_ms);
+	r->interval_ms = interval_ms > 0 ? interval_ms : 1000;
+	r->batch = batch > 0 ? batch : 1000;
+	pthread_mutex_init(&r->mu, NULL);
+	pthread_cond_init(&r->cv, NULL);
+	IP_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
+	return r;
+}
+
+void reaper_stop(reaper *r)
+{
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->mu);
+	r->stopping = true;
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->mu);
+	pthread_join(r->thread, NULL);
+	store_free(r->st);
+	pthread_mutex_destroy(&r->mu);
+	pthread_cond_destroy(&r->cv);
+	free(r);
+}

@@ -1,0 +1,509 @@
+/* PostgreSQL store: prepared statements, binary parameters for bytea and
+ * integers, one round trip per claim. */
+#include "store_pg.h"
+
+#include <arpa/inet.h>
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "migrations.h"
+
+struct store {
+	char *url;
+	int64_t statement_timeout_ms;
+	PGconn *conn;
+};
+
+/* Each statement, its name, parameter types (OIDs) and text. */
+#define OID_BOOL 16
+#define OID_BYTEA 17
+#define OID_INT8 20
+#define OID_INT4 23
+#define OID_TEXT 25
+#define OID_UUID 2950
+
+typedef struct stmt_def {
+	const char *name;
+	int nparams;
+	Oid types[8];
+	const char *sql;
+} stmt_def;
+
+static const stmt_def stmts[] = {
+	{"claim", 7,
+	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL},
+	 "SELECT o_decision, o_owner, o_attempt, o_lease_ms, o_status, "
+	 "o_headers, o_body, o_replayable "
+	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7)"},
+	/* A late answer may still be recorded after the reaper released the
+	 * record, as long as no other attempt took it over (owner unchanged):
+	 * it is the truth about the one attempt that was sent. */
+	{"complete", 8,
+	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID, OID_INT4, OID_TEXT, OID_BYTEA,
+	  OID_BOOL},
+	 "UPDATE idempotency_records SET state = 'completed', "
+	 "response_status = $5, response_headers = $6, response_body = $7, "
+	 "replayable = $8, lease_until = NULL, updated_at = now() "
+	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
+	 "AND owner_token = $4 AND state IN ('processing', 'released') "
+	 "AND expires_at > now()"},
+	{"release", 4,
+	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID},
+	 "UPDATE idempotency_records SET state = 'released', "
+	 "lease_until = NULL, updated_at = now() "
+	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
+	 "AND owner_token = $4 AND state = 'processing'"},
+	{"reap_leases", 1,
+	 {OID_INT4},
+	 "WITH due AS (SELECT tenant, operation, idem_key "
+	 "FROM idempotency_records WHERE state = 'processing' "
+	 "AND lease_until <= now() AND NOT hold_on_unknown "
+	 "LIMIT $1 FOR UPDATE SKIP LOCKED) "
+	 "UPDATE idempotency_records t SET state = 'released', "
+	 "lease_until = NULL, updated_at = now() FROM due "
+	 "WHERE t.tenant = due.tenant AND t.operation = due.operation "
+	 "AND t.idem_key = due.idem_key"},
+	{"purge", 1,
+	 {OID_INT4},
+	 "WITH doomed AS (SELECT tenant, operation, idem_key "
+	 "FROM idempotency_records WHERE expires_at <= now() "
+	 "LIMIT $1 FOR UPDATE SKIP LOCKED) "
+	 "DELETE FROM idempotency_records t USING doomed "
+	 "WHERE t.tenant = doomed.tenant AND t.operation = doomed.operation "
+	 "AND t.idem_key = doomed.idem_key"},
+	{"processing_stats", 0,
+	 {0},
+	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
+	 "min(updated_at)), 0)::float8::text FROM idempotency_records "
+	 "WHERE state = 'processing'"},
+};
+
+enum { ST_CLAIM, ST_COMPLETE, ST_RELEASE, ST_REAP, ST_PURGE, ST_STATS };
+
+store *store_new(const char *url, int64_t statement_timeout_ms)
+{
+	store *s = xcalloc(1, sizeof *s);
+	s->url = xstrdup(url);
+	s->statement_timeout_ms = statement_timeout_ms;
+	return s;
+}
+
+void store_free(store *s)
+{
+	if (!s)
+		return;
+	if (s->conn)
+		PQfinish(s->conn);
+	free(s->url);
+	free(s);
+}
+
+static void set_err(char *err, size_t errlen, const char *what,
+		    const char *pgmsg)
+{
+	char msg[512];
+	snprintf(msg, sizeof msg, "%s", pgmsg ? pgmsg : "");
+	/* libpq messages end with a newline; keep log lines whole. */
+	for (char *p = msg; *p; p++)
+		if (*p == '\n' || *p == '\r')
+			*p = (p[1] ? ' ' : '\0');
+	snprintf(err, errlen, "%s: %s", what, msg);
+}
+
+/* After a failure: drop a broken connection so the next call reconnects. */
+static void check_conn(store *s)
+{
+	if (s->conn && PQstatus(s->conn) != CONNECTION_OK) {
+		PQfinish(s->conn);
+		s->conn = NULL;
+	}
+}
+
+static int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
+		   size_t errlen, const char *what)
+{
+	if (res && PQresultStatus(res) == want)
+		return 0;
+	set_err(err, errlen, what,
+		res ? PQresultErrorMessage(res) : PQerrorMessage(s->conn));
+	check_conn(s);
+	return -1;
+}
+
+int store_ensure(store *s, char *err, size_t errlen)
+{
+	if (s->conn)
+		return 0;
+	/* Our defaults first; the expanded URL (last) overrides any of them. */
+	const char *keys[] = {"connect_timeout", "keepalives",
+			      "keepalives_idle", "keepalives_interval",
+			      "keepalives_count", "tcp_user_timeout",
+			      "application_name", "dbname", NULL};
+	const char *vals[] = {"3", "1", "10", "5", "3", "10000", "idemproxy",
+			      s->url, NULL};
+	PGconn *c = PQconnectdbParams(keys, vals, 1);
+	if (!c || PQstatus(c) != CONNECTION_OK) {
+		set_err(err, errlen, "connect",
+			c ? PQerrorMessage(c) : "out of memory");
+		if (c)
+			PQfinish(c);
+		return -1;
+	}
+	s->conn = c;
+	char sql[128];
+	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
+		 (long long)s->statement_timeout_ms);
+	PGresult *r = PQexec(c, sql);
+	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "set");
+	PQclear(r);
+	if (rc)
+		goto fail;
+	for (size_t i = 0; i < sizeof stmts / sizeof stmts[0]; i++) {
+		r = PQprepare(c, stmts[i].name, stmts[i].sql, stmts[i].nparams,
+			      stmts[i].types);
+		rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "prepare");
+		PQclear(r);
+		/* A missing function means an old schema; the caller reports it. */
+		if (rc)
+			goto fail;
+	}
+	return 0;
+fail:
+	if (s->conn) {
+		PQfinish(s->conn);
+		s->conn = NULL;
+	}
+	return -1;
+}
+
+static int64_t get_i64(const char *p)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v = (v << 8) | (uint8_t)p[i];
+	return (int64_t)v;
+}
+
+static int32_t get_i32(const char *p)
+{
+	uint32_t v;
+	memcpy(&v, p, 4);
+	return (int32_t)ntohl(v);
+}
+
+static void put_i64(char out[8], int64_t v)
+{
+	for (int i = 7; i >= 0; i--) {
+		out[i] = (char)(v & 0xff);
+		v >>= 8;
+	}
+}
+
+static PGresult *run(store *s, int st, const char *const *vals,
+		     const int *lens, const int *fmts, int result_binary)
+{
+	return PQexecPrepared(s->conn, stmts[st].name, stmts[st].nparams, vals,
+			      lens, fmts, result_binary);
+}
+
+static const struct {
+	const char *name;
+	enum claim_decision d;
+} decisions[] = {
+	{"forward", CLAIM_FORWARD},	{"takeover", CLAIM_TAKEOVER},
+	{"replay", CLAIM_REPLAY},	{"in_flight", CLAIM_IN_FLIGHT},
+	{"held", CLAIM_HELD},		{"mismatch", CLAIM_MISMATCH},
+};
+
+int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
+		size_t errlen)
+{
+	memset(out, 0, sizeof *out);
+	if (store_ensure(s, err, errlen))
+		return -1;
+	char lease[8], ttl[8], hold = req->hold_on_unknown ? 1 : 0;
+	put_i64(lease, req->lease_ms);
+	put_i64(ttl, req->ttl_ms);
+	const char *vals[7] = {req->tenant, req->operation, req->key,
+			       (const char *)req->hash, lease, ttl, &hold};
+	int lens[7] = {0, 0, 0, 32, 8, 8, 1};
+	int fmts[7] = {0, 0, 0, 1, 1, 1, 1};
+	PGresult *r = run(s, ST_CLAIM, vals, lens, fmts, 1);
+	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
+		PQclear(r);
+		return -1;
+	}
+	if (PQntuples(r) != 1) {
+		snprintf(err, errlen, "claim: %d rows", PQntuples(r));
+		PQclear(r);
+		return -1;
+	}
+	const char *d = PQgetvalue(r, 0, 0);
+	int dlen = PQgetlength(r, 0, 0);
+	bool known = false;
+	for (size_t i = 0; i < sizeof decisions / sizeof decisions[0]; i++) {
+		if ((int)strlen(decisions[i].name) == dlen &&
+		    !memcmp(decisions[i].name, d, (size_t)dlen)) {
+			out->decision = decisions[i].d;
+			known = true;
+		}
+	}
+	if (!known) {
+		snprintf(err, errlen, "claim: unknown decision");
+		PQclear(r);
+		return -1;
+	}
+	if (!PQgetisnull(r, 0, 1) && PQgetlength(r, 0, 1) == STORE_TOKEN_LEN)
+		memcpy(out->owner, PQgetvalue(r, 0, 1), STORE_TOKEN_LEN);
+	if (!PQgetisnull(r, 0, 2))
+		out->attempt = get_i32(PQgetvalue(r, 0, 2));
+	if (!PQgetisnull(r, 0, 3))
+		out->lease_left_ms = get_i64(PQgetvalue(r, 0, 3));
+	if (out->decision == CLAIM_REPLAY) {
+		out->status = get_i32(PQgetvalue(r, 0, 4));
+		out->headers = PQgetvalue(r, 0, 5);
+		out->headers_len = (size_t)PQgetlength(r, 0, 5);
+		out->body = PQgetvalue(r, 0, 6);
+		out->body_len = (size_t)PQgetlength(r, 0, 6);
+		out->replayable = !PQgetisnull(r, 0, 7) &&
+				  PQgetvalue(r, 0, 7)[0] != 0;
+	}
+	out->res = r;
+	return 0;
+}
+
+void claim_result_clear(claim_result *r)
+{
+	if (r->res)
+		PQclear(r->res);
+	r->res = NULL;
+}
+
+static int affected(PGresult *r)
+{
+	const char *n = PQcmdTuples(r);
+	return n && *n ? atoi(n) : 0;
+}
+
+int store_complete(store *s, const record_key *k, int status,
+		   const char *headers, size_t headers_len, const char *body,
+		   size_t body_len, bool replayable, bool *fenced, char *err,
+		   size_t errlen)
+{
+	*fenced = false;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	uint32_t st = htonl((uint32_t)status);
+	char rep = replayable ? 1 : 0;
+	const char *vals[8] = {k->tenant,	 k->operation, k->key,
+			       (const char *)k->owner, (const char *)&st,
+			       headers,		 body ? body : "", &rep};
+	int lens[8] = {0, 0, 0, STORE_TOKEN_LEN, 4, (int)headers_len,
+		       (int)body_len, 1};
+	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
+	PGresult *r = run(s, ST_COMPLETE, vals, lens, fmts, 0);
+	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "complete");
+	if (!rc)
+		*fenced = affected(r) == 0;
+	PQclear(r);
+	return rc;
+}
+
+int store_release(store *s, const record_key *k, bool *fenced, char *err,
+		  size_t errlen)
+{
+	*fenced = false;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	const char *vals[4] = {k->tenant, k->operation, k->key,
+			       (const char *)k->owner};
+	int lens[4] = {0, 0, 0, STORE_TOKEN_LEN};
+	int fmts[4] = {0, 0, 0, 1};
+	PGresult *r = run(s, ST_RELEASE, vals, lens, fmts, 0);
+	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "release");
+	if (!rc)
+		*fenced = affected(r) == 0;
+	PQclear(r);
+	return rc;
+}
+
+static int batch_stmt(store *s, int st, int batch, int *n, char *err,
+		      size_t errlen, const char *what)
+{
+	*n = 0;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	char b[16];
+	snprintf(b, sizeof b, "%d", batch);
+	const char *vals[1] = {b};
+	PGresult *r = run(s, st, vals, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, what);
+	if (!rc)
+		*n = affected(r);
+	PQclear(r);
+	return rc;
+}
+
+int store_reap_leases(store *s, int batch, int *released, char *err,
+		      size_t errlen)
+{
+	return batch_stmt(s, ST_REAP, batch, released, err, errlen, "reap");
+}
+
+int store_purge_expired(store *s, int batch, int *purged, char *err,
+			size_t errlen)
+{
+	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
+}
+
+int store_processing_stats(store *s, int64_t *count, double *oldest_age_s,
+			   char *err, size_t errlen)
+{
+	if (store_ensure(s, err, errlen))
+		return -1;
+	PGresult *r = run(s, ST_STATS, NULL, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "stats");
+	if (!rc) {
+		*count = atoll(PQgetvalue(r, 0, 0));
+		*oldest_age_s = atof(PQgetvalue(r, 0, 1));
+	}
+	PQclear(r);
+	return rc;
+}
+
+/* Schema management runs on a plain connection: the prepared statements need
+ * the schema, which may not exist yet. */
+static PGconn *plain_connect(store *s, char *err, size_t errlen)
+{
+	const char *keys[] = {"connect_timeout", "application_name", "dbname",
+			      NULL};
+	const char *vals[] = {"5", "idemproxy", s->url, NULL};
+	PGconn *c = PQconnectdbParams(keys, vals, 1);
+	if (!c || PQstatus(c) != CONNECTION_OK) {
+		set_err(err, errlen, "connect",
+			c ? PQerrorMessage(c) : "out of memory");
+		if (c)
+			PQfinish(c);
+		return NULL;
+	}
+	return c;
+}
+
+static int version_on(PGconn *c, int *version, char *err, size_t errlen)
+{
+	PGresult *r = PQexec(c, "SELECT to_regclass('schema_migrations') IS "
+				"NOT NULL");
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		set_err(err, errlen, "schema", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	bool exists = PQgetvalue(r, 0, 0)[0] == 't';
+	PQclear(r);
+	*version = 0;
+	if (!exists)
+		return 0;
+	r = PQexec(c, "SELECT coalesce(max(version), 0) FROM schema_migrations");
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		set_err(err, errlen, "schema", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	*version = atoi(PQgetvalue(r, 0, 0));
+	PQclear(r);
+	return 0;
+}
+
+int store_schema_version(store *s, int *version, char *err, size_t errlen)
+{
+	PGconn *c = plain_connect(s, err, errlen);
+	if (!c)
+		return -1;
+	int rc = version_on(c, version, err, errlen);
+	PQfinish(c);
+	return rc;
+}
+
+int store_expected_version(void)
+{
+	int v = 0;
+	for (int i = 0; i < ip_n_migrations; i++)
+		if (ip_migrations[i].version > v)
+			v = ip_migrations[i].version;
+	return v;
+}
+
+static int simple(PGconn *c, const char *sql, char *err, size_t errlen,
+		  const char *what)
+{
+	PGresult *r = PQexec(c, sql);
+	ExecStatusType st = PQresultStatus(r);
+	int rc = (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) ? 0 : -1;
+	if (rc)
+		set_err(err, errlen, what, PQresultErrorMessage(r));
+	PQclear(r);
+	return rc;
+}
+
+static int apply_one(PGconn *c, const struct migration *m, char *err,
+		     size_t errlen)
+{
+	char what[160];
+	snprintf(what, sizeof what, "migration %s", m->name);
+	if (simple(c, "BEGIN", err, errlen, what))
+		return -1;
+	if (simple(c, m->sql, err, errlen, what))
+		goto rollback;
+	char ver[16];
+	snprintf(ver, sizeof ver, "%d", m->version);
+	const char *vals[2] = {ver, m->name};
+	PGresult *r = PQexecParams(c,
+				   "INSERT INTO schema_migrations (version, "
+				   "name) VALUES ($1::int, $2)",
+				   2, NULL, vals, NULL, NULL, 0);
+	int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
+	if (rc)
+		set_err(err, errlen, what, PQresultErrorMessage(r));
+	PQclear(r);
+	if (rc)
+		goto rollback;
+	return simple(c, "COMMIT", err, errlen, what);
+rollback:
+	PQclear(PQexec(c, "ROLLBACK"));
+	return -1;
+}
+
+int store_migrate(store *s, int *applied, char *err, size_t errlen)
+{
+	*applied = 0;
+	PGconn *c = plain_connect(s, err, errlen);
+	if (!c)
+		return -1;
+	int rc = -1;
+	/* Several instances may migrate at once: one at a time. */
+	if (simple(c, "SELECT pg_advisory_lock(7307114101)", err, errlen,
+		   "lock"))
+		goto out;
+	if (simple(c,
+		   "CREATE TABLE IF NOT EXISTS schema_migrations ("
+		   "version integer PRIMARY KEY, name text NOT NULL, "
+		   "applied_at timestamptz NOT NULL DEFAULT now())",
+		   err, errlen, "schema_migrations"))
+		goto out;
+	int have;
+	if (version_on(c, &have, err, errlen))
+		goto out;
+	for (int i = 0; i < ip_n_migrations; i++) {
+		if (ip_migrations[i].version <= have)
+			continue;
+		if (apply_one(c, &ip_migrations[i], err, errlen))
+			goto out;
+		(*applied)++;
+	}
+	rc = 0;
+out:
+	PQfinish(c);
+	return rc;
+}

@@ -1,0 +1,152 @@
+#include "util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void ip_assert_fail(const char *expr, const char *file, int line)
+{
+	fprintf(stderr, "idemproxy: assertion failed: %s (%s:%d)\n", expr, file,
+		line);
+	abort();
+}
+
+static void oom(size_t n)
+{
+	fprintf(stderr, "idemproxy: out of memory allocating %zu bytes\n", n);
+	abort();
+}
+
+void *xmalloc(size_t n)
+{
+	void *p = malloc(n ? n : 1);
+	if (!p)
+		oom(n);
+	return p;
+}
+
+void *xcalloc(size_t n, size_t size)
+{
+	void *p = calloc(n ? n : 1, size ? size : 1);
+	if (!p)
+		oom(n * size);
+	return p;
+}
+
+void *xrealloc(void *p, size_t n)
+{
+	void *q = realloc(p, n ? n : 1);
+	if (!q)
+		oom(n);
+	return q;
+}
+
+char *xstrdup(const char *s)
+{
+	return xstrndup(s, strlen(s));
+}
+
+char *xstrndup(const char *s, size_t n)
+{
+	char *p = xmalloc(n + 1);
+	memcpy(p, s, n);
+	p[n] = '\0';
+	return p;
+}
+
+void ip_buf_reserve(ip_buf *b, size_t extra)
+{
+	size_t need = b->len + extra + 1;
+	if (need <= b->cap)
+		return;
+	size_t cap = b->cap ? b->cap : 256;
+	while (cap < need)
+		cap *= 2;
+	b->data = xrealloc(b->data, cap);
+	b->cap = cap;
+}
+
+void ip_buf_append(ip_buf *b, const void *p, size_t n)
+{
+	ip_buf_reserve(b, n);
+	if (n)
+		memcpy(b->data + b->len, p, n);
+	b->len += n;
+	b->data[b->len] = '\0';
+}
+
+void ip_buf_puts(ip_buf *b, const char *s)
+{
+	ip_buf_append(b, s, strlen(s));
+}
+
+void ip_buf_printf(ip_buf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(NULL, 0, fmt, ap);
+	va_end(ap);
+	IP_ASSERT(n >= 0);
+	ip_buf_reserve(b, (size_t)n);
+	va_start(ap, fmt);
+	vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+	va_end(ap);
+	b->len += (size_t)n;
+}
+
+void ip_buf_reset(ip_buf *b)
+{
+	b->len = 0;
+	if (b->data)
+		b->data[0] = '\0';
+}
+
+void ip_buf_free(ip_buf *b)
+{
+	free(b->data);
+	b->data = NULL;
+	b->len = b->cap = 0;
+}
+
+static int lower(int c)
+{
+	return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+}
+
+bool ip_strcaseeq(const char *a, const char *b)
+{
+	for (; *a && *b; a++, b++)
+		if (lower((unsigned char)*a) != lower((unsigned char)*b))
+			return false;
+	return *a == *b;
+}
+
+bool ip_strncaseeq(const char *a, const char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (lower((unsigned char)a[i]) != lower((unsigned char)b[i]))
+			return false;
+		if (!a[i])
+			return true;
+	}
+	return true;
+}
+
+double ip_now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+void ip_hex(const uint8_t *in, size_t n, char *out)
+{
+	static const char digits[] = "0123456789abcdef";
+	for (size_t i = 0; i < n; i++) {
+		out[2 * i] = digits[in[i] >> 4];
+		out[2 * i + 1] = digits[in[i] & 15];
+	}
+	out[2 * n] = '\0';
+}
