@@ -9,6 +9,7 @@
 #include "config.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <libconfig.h>
 #include <stdarg.h>
@@ -555,10 +556,12 @@ static int cfg_conv_methods(const cfg_opt *o, const config_setting_t *s,
 	str_list l;
 	if (cfg_strings(s, &l, "HTTP method", cfg_is_method, why, whylen) < 0)
 		return -1;
-	if (l.n == 0)
+	if (l.n == 0) {
+		cfg_list_free(&l);
 		return cfg_why(why, whylen,
 			       "must name at least one method (an empty list "
 			       "would leave the route unprotected)");
+	}
 	for (size_t i = 0; i < l.n; i++)
 		for (char *p = l.v[i]; *p; p++)
 			*p = (char)toupper((unsigned char)*p);
@@ -1172,9 +1175,14 @@ config *config_load(const char *file, char *err, size_t errlen)
 	cfg_ctx x = {.file = file, .err = err, .errlen = errlen};
 	config_t lc;
 	config_init(&lc);
+	errno = 0;
 	if (config_read_file(&lc, file) != CONFIG_TRUE) {
+		/* libconfig keeps errno from the failed open or read; a
+		 * directory opens fine and fails with errno still 0. */
+		int e = errno;
 		if (config_error_type(&lc) == CONFIG_ERR_FILE_IO)
-			snprintf(err, errlen, "%s: cannot read the file", file);
+			snprintf(err, errlen, "%s: cannot read: %s", file,
+				 e ? strerror(e) : "not a regular file");
 		else
 			snprintf(err, errlen, "%s:%d: %s",
 				 config_error_file(&lc) ? config_error_file(&lc)

@@ -373,6 +373,10 @@ int store_processing_stats(store *s, int64_t *count, double *oldest_age_s,
 	return rc;
 }
 
+static void quiet_notices(void *arg, const char *msg)
+{
+}
+
 /* Schema management runs on a plain connection: the prepared statements need
  * the schema, which may not exist yet. */
 static PGconn *plain_connect(store *s, char *err, size_t errlen)
@@ -388,6 +392,7 @@ static PGconn *plain_connect(store *s, char *err, size_t errlen)
 			PQfinish(c);
 		return NULL;
 	}
+	PQsetNoticeProcessor(c, quiet_notices, NULL);
 	return c;
 }
 
