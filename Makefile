@@ -45,7 +45,11 @@ $(BUILD)/test_%: tests/unit/test_%.c $(LIBOBJS)
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
 
-integration: $(BUILD)/idemproxy
+# Store-level checks that the black box cannot reach (fencing), run by pytest.
+$(BUILD)/store_check: tests/integration/store_check.c $(LIBOBJS)
+	$(CC) $(CFLAGS) -o $@ $< $(LIBOBJS) $(LDFLAGS) $(LDLIBS)
+
+integration: $(BUILD)/idemproxy $(BUILD)/store_check
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
 
 test: deps

@@ -197,6 +197,8 @@ main() {
 	esac
 	DATA=$DIR/data
 	shift 2
+	# The postgres user may not be allowed into the caller's directory.
+	cd /
 	case "$cmd" in
 	start) cmd_start "$@" ;;
 	stop) cmd_stop ;;

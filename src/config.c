@@ -173,16 +173,11 @@ static int cfg_check_host(const char *h, size_t n, char *why, size_t whylen)
 	if (n == 0)
 		return cfg_why(why, whylen, "missing host");
 	if (h[0] == '[') {
-		if (n < 3 || h[n - 1] != ']' ||
-		    !cfg_span_is(h + 1, n - 2, ":.") ||
-		    !memchr(h + 1, ':', n - 2))
-			return cfg_why(why, whylen, "malformed IPv6 address");
-		for (size_t i = 1; i < n - 1; i++)
-			if (isalpha((unsigned char)h[i]) &&
-			    !isxdigit((unsigned char)h[i]))
-				return cfg_why(why, whylen,
-					       "malformed IPv6 address");
-		return 0;
+		bool ok = n >= 4 && h[n - 1] == ']' && memchr(h, ':', n);
+		for (size_t i = 1; ok && i < n - 1; i++)
+			ok = isxdigit((unsigned char)h[i]) || h[i] == ':' ||
+			     h[i] == '.';
+		return ok ? 0 : cfg_why(why, whylen, "malformed IPv6 address");
 	}
 	if (memchr(h, ':', n))
 		return cfg_why(why, whylen,
@@ -275,6 +270,7 @@ static int cfg_check_upstream(const char *url, char **out, char *why,
 /* ---- converters ------------------------------------------------------ */
 
 #define CFG_DST(o, base, type) ((type *)((char *)(base) + (o)->off))
+#define CFG_AUX(o, base, type) ((type *)((char *)(base) + (o)->aux))
 
 static const char *cfg_type_name(const config_setting_t *s)
 {
@@ -399,6 +395,20 @@ static int cfg_conv_size(const cfg_opt *o, const config_setting_t *s,
 	return 0;
 }
 
+/* "must be "a", "b" or "c"", each choice between quote marks. */
+static int cfg_why_choices(const cfg_opt *o, const char *quote, char *why,
+			   size_t whylen)
+{
+	ip_buf b = {0};
+	for (const cfg_choice *c = o->choices; c->name; c++)
+		ip_buf_printf(&b, "%s%s%s%s",
+			      c == o->choices ? "" : c[1].name ? ", " : " or ",
+			      quote, c->name, quote);
+	cfg_why(why, whylen, "must be %s", b.data);
+	ip_buf_free(&b);
+	return -1;
+}
+
 static int cfg_choose(const cfg_opt *o, const config_setting_t *s, int *out,
 		      char *why, size_t whylen)
 {
@@ -411,13 +421,7 @@ static int cfg_choose(const cfg_opt *o, const config_setting_t *s, int *out,
 			return 0;
 		}
 	}
-	char list[128] = "";
-	for (const cfg_choice *c = o->choices; c->name; c++) {
-		size_t l = strlen(list);
-		snprintf(list + l, sizeof list - l, "%s\"%s\"",
-			 l ? (c[1].name ? ", " : " or ") : "", c->name);
-	}
-	return cfg_why(why, whylen, "must be %s", list);
+	return cfg_why_choices(o, "\"", why, whylen);
 }
 
 static int cfg_conv_enum(const cfg_opt *o, const config_setting_t *s,
@@ -453,13 +457,7 @@ static int cfg_conv_int_choice(const cfg_opt *o, const config_setting_t *s,
 			}
 		}
 	}
-	char list[64] = "";
-	for (const cfg_choice *c = o->choices; c->name; c++) {
-		size_t l = strlen(list);
-		snprintf(list + l, sizeof list - l, "%s%s",
-			 l ? (c[1].name ? ", " : " or ") : "", c->name);
-	}
-	return cfg_why(why, whylen, "must be %s", list);
+	return cfg_why_choices(o, "", why, whylen);
 }
 
 static int cfg_listen(const cfg_opt *o, const config_setting_t *s,
@@ -569,16 +567,11 @@ static int cfg_conv_methods(const cfg_opt *o, const config_setting_t *s,
 	return 0;
 }
 
-static bool cfg_is_header(const char *h)
-{
-	return cfg_is_token(h);
-}
-
 static int cfg_conv_headers(const cfg_opt *o, const config_setting_t *s,
 			    void *base, char *why, size_t whylen)
 {
 	return cfg_strings(s, CFG_DST(o, base, str_list), "header name",
-			   cfg_is_header, why, whylen);
+			   cfg_is_token, why, whylen);
 }
 
 /* A replayed Set-Cookie would hand one client's session to another, and a
@@ -587,7 +580,7 @@ static int cfg_conv_replay_headers(const cfg_opt *o, const config_setting_t *s,
 				   void *base, char *why, size_t whylen)
 {
 	str_list l;
-	if (cfg_strings(s, &l, "header name", cfg_is_header, why, whylen) < 0)
+	if (cfg_strings(s, &l, "header name", cfg_is_token, why, whylen) < 0)
 		return -1;
 	for (size_t i = 0; i < l.n; i++) {
 		if (ip_strcaseeq(l.v[i], "Set-Cookie") ||
@@ -628,7 +621,7 @@ static int cfg_conv_statuses(const cfg_opt *o, const config_setting_t *s,
 		v[i] = (int)st;
 	}
 	*CFG_DST(o, base, int *) = v;
-	*(size_t *)((char *)base + o->aux) = (size_t)n;
+	*CFG_AUX(o, base, size_t) = (size_t)n;
 	return 0;
 }
 
@@ -654,7 +647,7 @@ static int cfg_conv_tenant(const cfg_opt *o, const config_setting_t *s,
 	} else if (strncmp(v, "header:", 7) == 0) {
 		kind = TENANT_HEADER;
 		arg = v + 7;
-		if (*arg && !cfg_is_header(arg))
+		if (*arg && !cfg_is_token(arg))
 			return cfg_why(why, whylen,
 				       "\"%s\" is not a valid header name",
 				       arg);
@@ -672,7 +665,7 @@ static int cfg_conv_tenant(const cfg_opt *o, const config_setting_t *s,
 	if (arg && !*arg)
 		return cfg_why(why, whylen, "\"%s\" needs a NAME after ':'", v);
 	*CFG_DST(o, base, enum tenant_kind) = kind;
-	*(char **)((char *)base + o->aux) = arg ? xstrdup(arg) : NULL;
+	*CFG_AUX(o, base, char *) = arg ? xstrdup(arg) : NULL;
 	return 0;
 }
 
@@ -704,7 +697,7 @@ static int cfg_conv_path(const cfg_opt *o, const config_setting_t *s,
 	if (!t)
 		return cfg_why(why, whylen, "\"%s\": %s", v, perr);
 	*CFG_DST(o, base, char *) = xstrdup(v);
-	*(pathtpl **)((char *)base + o->aux) = t;
+	*CFG_AUX(o, base, pathtpl *) = t;
 	return 0;
 }
 
@@ -1045,6 +1038,8 @@ static int cfg_load_route(cfg_ctx *x, const config_setting_t *g, size_t idx,
 				"upstream = ...; }, not %s",
 				prefix, cfg_type_name(g));
 	r->line = (int)config_setting_source_line(g);
+	/* The name first (it leads cfg_route_only), so every later message
+	 * can say which route it is about. */
 	if (cfg_apply(x, NULL, cfg_route_only, 1, g, NULL, r, prefix) < 0)
 		return -1;
 	snprintf(prefix, sizeof prefix, "route \"%s\": ", r->name);

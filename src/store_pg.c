@@ -217,8 +217,24 @@ static const struct {
 	{"held", CLAIM_HELD},		{"mismatch", CLAIM_MISMATCH},
 };
 
+static int claim_once(store *s, const claim_req *req, claim_result *out,
+		      char *err, size_t errlen);
+
 int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
 		size_t errlen)
+{
+	bool was_connected = s->conn != NULL;
+	int rc = claim_once(s, req, out, err, errlen);
+	/* A connection that broke while idle (database restarted) shows only
+	 * on first use: try once more on a fresh one. Repeating a claim is
+	 * safe: if the first one did take the key, this one sees it in flight. */
+	if (rc && was_connected && !s->conn)
+		rc = claim_once(s, req, out, err, errlen);
+	return rc;
+}
+
+static int claim_once(store *s, const claim_req *req, claim_result *out,
+		      char *err, size_t errlen)
 {
 	memset(out, 0, sizeof *out);
 	if (store_ensure(s, err, errlen))

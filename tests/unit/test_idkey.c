@@ -263,6 +263,59 @@ static void test_every_byte(void **state)
 	}
 }
 
+/* Random inputs over an alphabet rich in the interesting bytes: the parser
+ * must never crash, and whatever it accepts must be a well-formed key that
+ * reads the same when sent again in quoted form. */
+static void test_fuzz_invariants(void **state)
+{
+	static const char alphabet[] = { 'a', 'Z', '0', '"', '\\', ',', ';',
+					 '=', ' ', '\t', '\0', '\x01', '\x7f',
+					 '\x80', '\xff', ':', '*', '?', '-' };
+	uint32_t seed = 7;
+	char v[300];
+	int accepted = 0;
+
+	(void)state;
+	for (int iter = 0; iter < 300000; iter++) {
+		seed = seed * 1103515245u + 12345u;
+		size_t n = (seed >> 16) % sizeof v;
+		if (iter % 2)
+			n %= 12;
+		for (size_t i = 0; i < n; i++) {
+			seed = seed * 1103515245u + 12345u;
+			v[i] = alphabet[(seed >> 16) % sizeof alphabet];
+		}
+		if (iter % 3 == 0 && n >= 2) {
+			v[0] = '"';
+		}
+		if (parse_n(v, n) != 0) {
+			assert_non_null(why);
+			continue;
+		}
+		accepted++;
+		assert_true(key_len >= 1 && key_len <= IDKEY_MAX);
+		assert_int_equal(key[key_len], '\0');
+		for (size_t i = 0; i < key_len; i++)
+			assert_true(key[i] >= 0x20 && key[i] <= 0x7e);
+
+		/* Round trip through the quoted form. */
+		char q[2 * IDKEY_MAX + 3], first[IDKEY_MAX + 1];
+		size_t qn = 0, first_len = key_len;
+		memcpy(first, key, key_len + 1);
+		q[qn++] = '"';
+		for (size_t i = 0; i < first_len; i++) {
+			if (first[i] == '"' || first[i] == '\\')
+				q[qn++] = '\\';
+			q[qn++] = first[i];
+		}
+		q[qn++] = '"';
+		assert_int_equal(parse_n(q, qn), 0);
+		assert_int_equal(key_len, first_len);
+		assert_memory_equal(key, first, first_len);
+	}
+	assert_true(accepted > 1000);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -278,6 +331,7 @@ int main(void)
 		cmocka_unit_test(test_bare_forbidden_chars),
 		cmocka_unit_test(test_null_why_is_tolerated),
 		cmocka_unit_test(test_every_byte),
+		cmocka_unit_test(test_fuzz_invariants),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
