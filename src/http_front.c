@@ -32,6 +32,7 @@ typedef struct req_ctx {
 	job *j;
 	atomic_int stage;
 	bool too_large;
+	bool bad_header;
 } req_ctx;
 
 int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
@@ -93,8 +94,12 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 				      const char *key, size_t key_size,
 				      const char *value, size_t value_size)
 {
-	job *j = cls;
-	header_list_add(&j->req_headers, key, key_size, value ? value : "",
+	req_ctx *c = cls;
+	/* A NUL inside a name or value would be cut off silently further on
+	 * (and could smuggle a different key): refuse the request instead. */
+	if (memchr(key, 0, key_size) || (value && memchr(value, 0, value_size)))
+		c->bad_header = true;
+	header_list_add(&c->j->req_headers, key, key_size, value ? value : "",
 			value ? value_size : 0);
 	return MHD_YES;
 }
@@ -139,8 +144,9 @@ static job *start_job(req_ctx *c, const char *method, const char *version)
 	c->raw_target = NULL;
 	const char *q = strchr(j->target, '?');
 	j->path_len = q ? (size_t)(q - j->target) : strlen(j->target);
+	c->j = j;
 	MHD_get_connection_values_n(c->conn, MHD_HEADER_KIND, collect_header,
-				    j);
+				    c);
 	client_ip(c->conn, j->client_ip, sizeof j->client_ip);
 	const char *rid = header_list_get(&j->req_headers, "X-Request-Id");
 	if (valid_request_id(rid))
@@ -208,6 +214,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	if (st == ST_HEADERS) {
 		c->j = start_job(c, method, version);
 		atomic_store(&c->stage, ST_BODY);
+		if (c->bad_header)
+			return answer_now(c, 400, "bad_request", "rejected",
+					  "a request header contains a NUL "
+					  "byte",
+					  0);
 		const char *cl = header_list_get(&c->j->req_headers,
 						 "Content-Length");
 		if (cl && strtoull(cl, NULL, 10) >

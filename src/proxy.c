@@ -212,9 +212,8 @@ static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 static void compute_fingerprint(const job *j, const route_cfg *r,
 				uint8_t out[FP_LEN])
 {
-	const char *values[64];
-	size_t n = r->fingerprint_headers.n < 64 ? r->fingerprint_headers.n
-						 : 64;
+	size_t n = r->fingerprint_headers.n;
+	const char **values = xcalloc(n ? n : 1, sizeof *values);
 	for (size_t i = 0; i < n; i++)
 		values[i] = header_list_get(&j->req_headers,
 					    r->fingerprint_headers.v[i]);
@@ -231,6 +230,7 @@ static void compute_fingerprint(const job *j, const route_cfg *r,
 		.body_len = j->body.len,
 	};
 	fp_compute(&in, out);
+	free(values);
 }
 
 static void replay(job *j, const claim_result *c)
