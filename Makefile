@@ -62,4 +62,7 @@ run: deps
 	@scripts/run-demo.sh
 
 clean:
-	rm -rf $(BUILD) .run
+	rm -rf build build-* .run
+
+# Further targets (sanitizers, fuzzing, benchmark) live in mk/*.mk.
+-include $(wildcard mk/*.mk)

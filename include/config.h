@@ -53,6 +53,8 @@ typedef struct config {
 	int workers;
 	int queue_size;      /* jobs waiting for a worker; full -> 503 overloaded */
 	int max_connections; /* front-end connection limit */
+	int max_connections_per_ip; /* 0 = no limit (e.g. behind a balancer) */
+	int64_t max_header_size; /* request line + headers; larger -> 431 */
 	int64_t max_request_body;
 	int64_t max_stored_response;
 	int64_t shutdown_grace_ms;

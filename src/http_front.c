@@ -23,6 +23,9 @@ struct http_front {
 	char id_prefix[17];
 };
 
+/* Header lines one request may carry; more is an attack, not an API call. */
+#define FRONT_MAX_HEADERS 256
+
 enum stage { ST_HEADERS, ST_BODY, ST_WAITING, ST_DONE, ST_ANSWERED };
 
 typedef struct req_ctx {
@@ -33,6 +36,8 @@ typedef struct req_ctx {
 	atomic_int stage;
 	bool too_large;
 	bool bad_header;
+	size_t header_bytes;
+	size_t header_count;
 } req_ctx;
 
 int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
@@ -90,15 +95,31 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	return c;
 }
 
+static bool header_bytes_ok(const char *p, size_t n, bool is_value)
+{
+	for (size_t i = 0; i < n; i++) {
+		unsigned char ch = (unsigned char)p[i];
+		if (ch == '\t' && is_value)
+			continue;
+		if (ch < 0x20 || ch == 0x7f)
+			return false;
+	}
+	return true;
+}
+
 static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 				      const char *key, size_t key_size,
 				      const char *value, size_t value_size)
 {
 	req_ctx *c = cls;
-	/* A NUL inside a name or value would be cut off silently further on
-	 * (and could smuggle a different key): refuse the request instead. */
-	if (memchr(key, 0, key_size) || (value && memchr(value, 0, value_size)))
+	/* A control byte (bare CR, LF, NUL...) in a header would reach the
+	 * upstream, whose parser may split the line differently from ours:
+	 * refuse the request instead. */
+	if (!header_bytes_ok(key, key_size, false) ||
+	    (value && !header_bytes_ok(value, value_size, true)))
 		c->bad_header = true;
+	c->header_bytes += key_size + value_size + 4;
+	c->header_count++;
 	header_list_add(&c->j->req_headers, key, key_size, value ? value : "",
 			value ? value_size : 0);
 	return MHD_YES;
@@ -216,8 +237,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		atomic_store(&c->stage, ST_BODY);
 		if (c->bad_header)
 			return answer_now(c, 400, "bad_request", "rejected",
-					  "a request header contains a NUL "
-					  "byte",
+					  "a request header contains a control "
+					  "character",
+					  0);
+		size_t head = strlen(c->j->target) + strlen(method) + 16 +
+			      c->header_bytes;
+		if (head > (size_t)f->o.max_header_size ||
+		    c->header_count > FRONT_MAX_HEADERS)
+			return answer_now(c, 431, "request_too_large",
+					  "rejected",
+					  "the request line and headers are "
+					  "larger than max_header_size, or "
+					  "there are too many header lines",
 					  0);
 		const char *cl = header_list_get(&c->j->req_headers,
 						 "Content-Length");
@@ -320,6 +351,12 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		(struct sockaddr *)&ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
+		MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+		(unsigned)o->max_connections_per_ip,
+		/* Room for max_header_size and the read buffer: our own check
+		 * answers 431 as problem+json before MHD's would. */
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+		(size_t)(2 * o->max_header_size + 16384),
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
 		MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
 		MHD_OPTION_END);

@@ -78,6 +78,12 @@ void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	json_decref(o);
 }
 
+/* Microsecond resolution is plenty in a log line. */
+static double ms3(double ms)
+{
+	return (double)(int64_t)(ms * 1000.0 + 0.5) / 1000.0;
+}
+
 static void set_str(json_t *o, const char *k, const char *v)
 {
 	json_object_set_new(o, k, v ? json_stringn(v, strlen(v)) : json_null());
@@ -102,9 +108,9 @@ void log_request_line(const log_request *r)
 	set_str(o, "outcome", r->outcome);
 	json_object_set_new(o, "status", json_integer(r->status));
 	json_object_set_new(o, "attempt", json_integer(r->attempt));
-	json_object_set_new(o, "upstream_ms", json_real(r->upstream_ms));
-	json_object_set_new(o, "store_ms", json_real(r->store_ms));
-	json_object_set_new(o, "total_ms", json_real(r->total_ms));
+	json_object_set_new(o, "upstream_ms", json_real(ms3(r->upstream_ms)));
+	json_object_set_new(o, "store_ms", json_real(ms3(r->store_ms)));
+	json_object_set_new(o, "total_ms", json_real(ms3(r->total_ms)));
 	ip_buf text = {0};
 	if (!g_json)
 		ip_buf_printf(&text,

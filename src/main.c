@@ -171,6 +171,8 @@ static int serve(config *cfg)
 	front_opts fo = {
 		.listen = cfg->listen,
 		.max_connections = cfg->max_connections,
+		.max_connections_per_ip = cfg->max_connections_per_ip,
+		.max_header_size = cfg->max_header_size,
 		.max_request_body = cfg->max_request_body,
 		.get_config = get_config,
 		.submit = submit_job,

@@ -629,7 +629,7 @@ def conf_lines(extra, routes=(ROUTE_A, ROUTE_B)):
     ("unknown route setting",
      [], [ROUTE_A, '{ name = "b"; path = "/v1/b"; upstream = "http://127.0.0.1:9"; '
                    'colour = "blue"; }'], 6),
-    ("syntax error", ['workers = 4'], None, None),
+    ("syntax error", ['workers == 4;'], None, 4),
 ])
 def test_check_reports_errors_with_file_and_line(tmp_path, binary, what, extra, routes, line):
     path = str(tmp_path / "bad.conf")

@@ -1,0 +1,78 @@
+"""Database and metrics support for the failure, reaper and crash tests:
+records written straight into the table, waiting for a record's state,
+proof that the reaper has run, and reading the admin /metrics endpoint."""
+import requests
+
+from helpers import TIMEOUT, new_key, wait_until
+
+PAY = "/v1/payments"
+
+
+def pay(proxy, key, body=None, path=PAY, **kw):
+    return proxy.post(path, key=key, json={"amount": 100, "currency": "EUR"}
+                      if body is None else body, **kw)
+
+
+def insert_record(pg, key, state="processing", lease="now() + interval '1 hour'",
+                  expires="now() + interval '1 hour'", hold=False, tenant="default",
+                  operation="create_payment", age="interval '0'", status=None, body=None):
+    """A valid row, as an attempt of the proxy would leave it. lease,
+    expires and age are SQL expressions; age moves created_at and
+    updated_at into the past."""
+    n = pg.execute(
+        "INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, "
+        "state, owner_token, attempt, lease_until, hold_on_unknown, response_status, "
+        "response_headers, response_body, replayable, created_at, updated_at, expires_at) "
+        "VALUES (%s, %s, %s, sha256(%s::bytea), %s, gen_random_uuid(), 1, "
+        + ("NULL" if lease is None else lease) + ", %s, %s, %s, %s, %s, "
+        "now() - " + age + ", now() - " + age + ", " + expires + ")",
+        (tenant, operation, key, key.encode(), state, hold, status,
+         "Content-Type: application/json\r\n" if status is not None else None,
+         body, (True if status is not None else None)))
+    assert n == 1
+
+
+def wait_state(pg, key, state, timeout=10.0):
+    def check():
+        rec = pg.record(key)
+        return rec if rec is not None and rec["state"] == state else None
+    return wait_until(check, timeout=timeout,
+                      what="record %s to become %s (now %r)" % (
+                          key, state, (pg.record(key) or {}).get("state")))
+
+
+def row_version(pg, key):
+    """The physical identity of a record's row: any write to it (an
+    UPDATE, even one that changes nothing, or a row lock) changes one of
+    these."""
+    rows = pg.query("SELECT xmin::text AS xmin, xmax::text AS xmax, ctid::text AS ctid "
+                    "FROM idempotency_records WHERE idem_key = %s", (key,))
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def reaper_pass(pg, timeout=10.0):
+    """Returns once the reaper has completed a pass that started after this
+    call: a canary record whose lease already ended is released only by a
+    pass that can see it. Its tenant keeps it apart from the test's rows."""
+    key = new_key("canary")
+    insert_record(pg, key, lease="now() - interval '1 second'", tenant="canary")
+    wait_state(pg, key, "released", timeout=timeout)
+    return key
+
+
+def metrics(proxy):
+    r = requests.get(proxy.admin_url + "/metrics", timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    out = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def metric(proxy, name):
+    m = metrics(proxy)
+    assert name in m, "no %s on /metrics" % name
+    return m[name]
