@@ -7,6 +7,7 @@ writes a conf file, migrates, starts build/idemproxy and stops it with
 SIGTERM at teardown, failing the test if the proxy crashed or did not exit 0.
 """
 import atexit
+import ctypes
 import glob
 import itertools
 import os
@@ -32,6 +33,22 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 BINARY = os.environ.get("IDEMPROXY_BIN", os.path.join(ROOT, "build", "idemproxy"))
 STUB = os.path.join(HERE, "stub_upstream.py")
 ADMIN_TOKEN = "test-admin-token"
+
+
+def _die_with_parent():
+    """preexec_fn: the child gets SIGTERM when pytest dies, so an aborted
+    session leaves no proxy or stub holding ports."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
 
 
 # --- PostgreSQL --------------------------------------------------------------
@@ -178,7 +195,7 @@ def pg(pg_cluster):
 def start_stub(tmp_path, extra_args=()):
     err = open(os.path.join(str(tmp_path), "stub-%d.err" % time.monotonic_ns()), "wb")
     proc = subprocess.Popen([sys.executable, STUB, "--port", "0"] + list(extra_args),
-                            stdout=subprocess.PIPE, stderr=err)
+                            stdout=subprocess.PIPE, stderr=err, preexec_fn=_die_with_parent)
     err.close()
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -261,7 +278,8 @@ class Proxy:
     def start(self, wait_ready=True):
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen([BINARY, "-c", self.conf_path], stdin=subprocess.DEVNULL,
-                                     stdout=logf, stderr=logf, env=self.env)
+                                     stdout=logf, stderr=logf, env=self.env,
+                                     preexec_fn=_die_with_parent)
         logf.close()
         if wait_ready:
             self.wait_ready()
@@ -344,7 +362,7 @@ def binary():
 
 
 @pytest.fixture
-def make_proxy(binary, pg, stub, tmp_path):
+def make_proxy(request, binary, pg, stub, tmp_path):
     """make_proxy(routes=None, route_overrides=None, defaults=None, top=None,
     migrate=True, start=True, wait_ready=True, env=None) -> Proxy.
 
@@ -407,6 +425,10 @@ def make_proxy(binary, pg, stub, tmp_path):
         return p
 
     yield factory
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        for p in proxies:  # shown under "Captured stdout teardown"
+            print("--- %s (tail) ---\n%s" % (p.log_path, p.log()[-6000:]))
     problems = []
     for p in proxies:
         why = p.teardown_problem()

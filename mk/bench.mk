@@ -1,0 +1,34 @@
+# The benchmark (tests/bench/, see tests/bench/README.md).
+#
+#   make bench          optimised build, then throughput and latency of
+#                       idemproxy against nginx, the bare upstream and
+#                       pgbench of the same statements; build-bench/results.md
+#   make bench-profile  instructions per forwarded and per replayed request
+#                       under callgrind; build-bench/profile.txt
+#
+# The binaries are built in their own directory with fixed flags, so a bench
+# never measures whatever build/ happens to hold.
+
+BENCH_OUT := build-bench
+BENCH_BIN := $(BENCH_OUT)/bin
+
+.PHONY: bench bench-profile bench-deps bench-build
+
+bench-deps:
+	@tests/bench/deps.sh
+
+bench-build:
+	@$(MAKE) --no-print-directory BUILD=$(BENCH_BIN) OPT='-O2 -g' \
+		$(BENCH_BIN)/idemproxy $(BENCH_BIN)/stub_upstream
+
+# The stub needs only the allocation and buffer helpers.
+$(BUILD)/stub_upstream: tests/bench/stub_upstream.c $(BUILD)/util.o
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/util.o -lpthread
+
+bench: bench-deps
+	@$(MAKE) --no-print-directory bench-build
+	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/run.sh
+
+bench-profile: bench-deps
+	@$(MAKE) --no-print-directory bench-build
+	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/profile.sh
