@@ -14,8 +14,8 @@ typedef struct front_opts {
 	const char *listen;
 	int max_connections;
 	int max_connections_per_ip;
-	int64_t max_header_size;
-	int64_t max_request_body;
+	int64_t max_header_size; /* sizes the connection memory; the limits
+				    themselves come from each request's config */
 	config *(*get_config)(void *arg); /* returns a new reference */
 	bool (*submit)(void *arg, job *j); /* false: queue full */
 	void *arg;

@@ -30,6 +30,10 @@ FUZZ_DEPS_units   := $(call fuzz_objs,units)
 FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units)
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
+FUZZ_OBJS := $(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_DEPS_$(t))))
+
+# Reached only through the pattern rule below; keep them between builds.
+.SECONDARY: $(FUZZ_OBJS)
 
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_BINS)

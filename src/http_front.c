@@ -242,7 +242,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 					  0);
 		size_t head = strlen(c->j->target) + strlen(method) + 16 +
 			      c->header_bytes;
-		if (head > (size_t)f->o.max_header_size ||
+		if (head > (size_t)c->j->cfg->max_header_size ||
 		    c->header_count > FRONT_MAX_HEADERS)
 			return answer_now(c, 431, "request_too_large",
 					  "rejected",
@@ -253,7 +253,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		const char *cl = header_list_get(&c->j->req_headers,
 						 "Content-Length");
 		if (cl && strtoull(cl, NULL, 10) >
-				  (unsigned long long)f->o.max_request_body) {
+				  (unsigned long long)c->j->cfg->max_request_body) {
 			c->too_large = true;
 			return answer_now(c, 413, "request_too_large",
 					  "rejected",
@@ -268,7 +268,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		 * limit while accumulating. */
 		if (!c->too_large &&
 		    c->j->body.len + *upload_size >
-			    (size_t)f->o.max_request_body) {
+			    (size_t)c->j->cfg->max_request_body) {
 			c->too_large = true;
 			ip_buf_free(&c->j->body);
 		}

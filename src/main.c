@@ -173,7 +173,6 @@ static int serve(config *cfg)
 		.max_connections = cfg->max_connections,
 		.max_connections_per_ip = cfg->max_connections_per_ip,
 		.max_header_size = cfg->max_header_size,
-		.max_request_body = cfg->max_request_body,
 		.get_config = get_config,
 		.submit = submit_job,
 		.arg = pool,
@@ -228,7 +227,7 @@ static int serve(config *cfg)
 		_exit(0);
 	}
 	/* Let answers already queued reach their clients. */
-	struct timespec ts = {0, 50 * 1000000L};
+	struct timespec ts = {0, 200 * 1000000L};
 	nanosleep(&ts, NULL);
 	http_front_stop(front);
 	admin_stop(adm);

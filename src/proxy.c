@@ -332,7 +332,7 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 		       const char *err)
 {
 	metrics_set_store_up(false);
-	log_error("store unavailable", "request_id=%s %s", j->request_id, err);
+	log_debug("store unavailable", "request_id=%s %s", j->request_id, err);
 	if (j->cfg->db_unavailable_forward) {
 		metrics_event("forwarded_unprotected");
 		forward_unprotected(w, j, r);

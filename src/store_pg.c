@@ -8,12 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "migrations.h"
 
 struct store {
 	char *url;
 	int64_t statement_timeout_ms;
 	PGconn *conn;
+	bool down;  /* last attempt to use the database failed */
 };
 
 /* Each statement, its name, parameter types (OIDs) and text. */
@@ -112,10 +114,19 @@ static void set_err(char *err, size_t errlen, const char *what,
 	snprintf(err, errlen, "%s: %s", what, msg);
 }
 
+/* Transitions are logged once, not once per request during an outage. */
+static void mark_down(store *s, const char *why)
+{
+	if (!s->down)
+		log_error("store connection lost", "%s", why);
+	s->down = true;
+}
+
 /* After a failure: drop a broken connection so the next call reconnects. */
 static void check_conn(store *s)
 {
 	if (s->conn && PQstatus(s->conn) != CONNECTION_OK) {
+		mark_down(s, PQerrorMessage(s->conn));
 		PQfinish(s->conn);
 		s->conn = NULL;
 	}
@@ -149,6 +160,7 @@ int store_ensure(store *s, char *err, size_t errlen)
 			c ? PQerrorMessage(c) : "out of memory");
 		if (c)
 			PQfinish(c);
+		mark_down(s, err);
 		return -1;
 	}
 	s->conn = c;
@@ -169,6 +181,9 @@ int store_ensure(store *s, char *err, size_t errlen)
 		if (rc)
 			goto fail;
 	}
+	if (s->down)
+		log_info("store connection re-established", NULL);
+	s->down = false;
 	return 0;
 fail:
 	if (s->conn) {
