@@ -270,7 +270,7 @@ class RawUpstream:
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return False
         if isinstance(action, Half):
-            body = body_of(req, action.size)
+            body = body_of(action.size)
             conn.sendall(response_head(action.status, [("Content-Type", "text/plain")],
                                        len(body), close=False) + body[:len(body) // 2])
             return False
@@ -311,7 +311,7 @@ def response_head(status, headers, length, close):
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def body_of(req, size):
+def body_of(size):
     pattern = b"0123456789abcdef"
     return (pattern * (size // len(pattern) + 1))[:size]
 

@@ -22,7 +22,8 @@
 static const char *current = "setup";
 static PGconn *db;
 
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void fail(const char *fmt, ...)
+	__attribute__((format(printf, 1, 2), noreturn));
 
 static void fail(const char *fmt, ...)
 {
