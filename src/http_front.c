@@ -36,6 +36,7 @@ typedef struct req_ctx {
 	atomic_int stage;
 	bool too_large;
 	bool bad_header;
+	bool bad_key;
 	size_t header_bytes;
 	size_t header_count;
 } req_ctx;
@@ -116,8 +117,12 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 	 * upstream, whose parser may split the line differently from ours:
 	 * refuse the request instead. */
 	if (!header_bytes_ok(key, key_size, false) ||
-	    (value && !header_bytes_ok(value, value_size, true)))
-		c->bad_header = true;
+	    (value && !header_bytes_ok(value, value_size, true))) {
+		if (ip_strcaseeq(key, "Idempotency-Key"))
+			c->bad_key = true;
+		else
+			c->bad_header = true;
+	}
 	c->header_bytes += key_size + value_size + 4;
 	c->header_count++;
 	header_list_add(&c->j->req_headers, key, key_size, value ? value : "",
@@ -235,6 +240,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	if (st == ST_HEADERS) {
 		c->j = start_job(c, method, version);
 		atomic_store(&c->stage, ST_BODY);
+		if (c->bad_key && !c->bad_header)
+			return answer_now(c, 400, "idempotency_key_invalid",
+					  "key_invalid",
+					  "the key contains a control character",
+					  0);
 		if (c->bad_header)
 			return answer_now(c, 400, "bad_request", "rejected",
 					  "a request header contains a control "

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
 import pytest
@@ -77,6 +78,8 @@ class PgCluster:
         self.port = free_port()
         self.as_postgres = os.geteuid() == 0
         self.started = False
+        # test databases are dropped in the background, off the tests' path
+        self.dropper = ThreadPoolExecutor(1)
         if self.as_postgres:
             pw = pwd.getpwnam("postgres")
             os.chown(self.tmp, pw.pw_uid, pw.pw_gid)
@@ -134,6 +137,7 @@ def pg_cluster():
         cluster.start()
         yield cluster
     finally:
+        cluster.dropper.shutdown(wait=True)
         cluster.stop()
 
 
@@ -186,28 +190,37 @@ def pg(pg_cluster):
     db = PgDb(pg_cluster, name)
     yield db
     db.close()
-    with pg_cluster.admin() as c:
-        c.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+
+    def drop():
+        with pg_cluster.admin() as c:
+            c.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+
+    pg_cluster.dropper.submit(drop)
 
 
 # --- the stub upstream -------------------------------------------------------
 
 def start_stub(tmp_path, extra_args=()):
+    """Starts a stub process; its port is read when first needed."""
     err = open(os.path.join(str(tmp_path), "stub-%d.err" % time.monotonic_ns()), "wb")
     proc = subprocess.Popen([sys.executable, STUB, "--port", "0"] + list(extra_args),
                             stdout=subprocess.PIPE, stderr=err, preexec_fn=_die_with_parent)
     err.close()
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    line = b""
-    if sel.select(timeout=15):
-        line = proc.stdout.readline()
-    sel.close()
-    if not line.strip().isdigit():
-        proc.kill()
-        proc.wait(5)
-        raise RuntimeError("stub upstream did not start (printed %r)" % line)
-    return Stub(int(line), proc)
+
+    def read_port():
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        line = b""
+        if sel.select(timeout=15):
+            line = proc.stdout.readline()
+        sel.close()
+        if not line.strip().isdigit():
+            proc.kill()
+            proc.wait(5)
+            raise RuntimeError("stub upstream did not start (printed %r)" % line)
+        return int(line)
+
+    return Stub(read_port, proc)
 
 
 def stop_stub(s):
@@ -362,7 +375,7 @@ def binary():
 
 
 @pytest.fixture
-def make_proxy(request, binary, pg, stub, tmp_path):
+def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts while pg sets up
     """make_proxy(routes=None, route_overrides=None, defaults=None, top=None,
     migrate=True, start=True, wait_ready=True, env=None) -> Proxy.
 

@@ -70,10 +70,22 @@ class StubRequest:
 
 
 class Stub:
+    """A stub process. port may be a callable that waits for the process to
+    report its port: the stub then starts while other fixtures are set up."""
+
     def __init__(self, port, proc):
-        self.port = port
+        self._port = port
         self.proc = proc
-        self.url = "http://127.0.0.1:%d" % port
+
+    @property
+    def port(self):
+        if callable(self._port):
+            self._port = self._port()
+        return self._port
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
 
     def _ctl(self, method, what, body=None):
         r = requests.request(method, self.url + "/__stub/" + what,
