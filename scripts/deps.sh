@@ -4,7 +4,8 @@
 set -eu
 PKGS="build-essential pkg-config xxd libmicrohttpd-dev libcurl4-openssl-dev libpq-dev
 libjansson-dev libssl-dev libconfig-dev libcmocka-dev postgresql postgresql-contrib
-python3 python3-pytest python3-psycopg python3-requests curl procps"
+python3 python3-pytest python3-psycopg python3-requests curl procps
+clang libclang-rt-14-dev prometheus systemd"
 missing=""
 for p in $PKGS; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||

@@ -1,22 +1,82 @@
+/* The admin listener. A thread per connection, so that /healthz and
+ * /metrics answer even while a /readyz or /admin call waits on a database
+ * that hangs; those share the one store connection under a mutex. */
 #include "admin.h"
 
+#include <arpa/inet.h>
+#include <jansson.h>
 #include <microhttpd.h>
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include "http_front.h"
+#include "idem.h"
+#include "log.h"
 #include "metrics.h"
 #include "problem.h"
+#include "store_admin.h"
+#include "store_pg.h"
+
+#define KEYS_PREFIX "/admin/keys/"
+#define JSON_TYPE "application/json"
 
 struct admin {
 	struct MHD_Daemon *d;
-	admin_opts o;
+	/* Not the whole admin_opts: its strings belong to the configuration
+	 * the process started with, which a reload frees. */
+	config *(*get_config)(void *arg);
+	void *arg;
+	store_admin *st;
+	pthread_mutex_t mu;
 };
 
+/* Per request: the raw target (MHD's url argument is already
+ * percent-decoded, which would turn a key's %2F into a separator). */
+typedef struct admin_req {
+	char *raw;
+	bool started;
+} admin_req;
+
+/* Who asked: the peer address, for the log. */
+static void remote_addr(struct MHD_Connection *conn, char *out, size_t n)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	snprintf(out, n, "unknown");
+	if (!ci || !ci->client_addr)
+		return;
+	const struct sockaddr *sa = ci->client_addr;
+	if (sa->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr,
+			  out, (socklen_t)n);
+	else if (sa->sa_family == AF_INET6)
+		inet_ntop(AF_INET6,
+			  &((const struct sockaddr_in6 *)sa)->sin6_addr, out,
+			  (socklen_t)n);
+}
+
+/* A client-chosen path, made safe for a log line: printable ASCII only,
+ * bounded. */
+static void loggable(const char *s, char *out, size_t n)
+{
+	size_t k = 0;
+	for (; s && *s && k + 1 < n; s++) {
+		unsigned char c = (unsigned char)*s;
+		out[k++] = (c > 0x20 && c < 0x7f && c != '"' && c != '\\')
+				   ? (char)c
+				   : '?';
+	}
+	out[k] = '\0';
+}
+
 static enum MHD_Result reply(struct MHD_Connection *conn, int status,
-			     const char *type, ip_buf *body)
+			     const char *type, ip_buf *body,
+			     const char *extra_name, const char *extra_value)
 {
 	struct MHD_Response *r = MHD_create_response_from_buffer(
 		body->len, body->data, MHD_RESPMEM_MUST_FREE);
@@ -24,17 +84,367 @@ static enum MHD_Result reply(struct MHD_Connection *conn, int status,
 	body->len = body->cap = 0;
 	MHD_add_response_header(r, "Content-Type", type);
 	MHD_add_response_header(r, "Cache-Control", "no-store");
+	if (extra_name)
+		MHD_add_response_header(r, extra_name, extra_value);
 	enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
 	MHD_destroy_response(r);
 	return rc;
 }
 
-static enum MHD_Result problem(struct MHD_Connection *conn, int status,
-			       const char *code, const char *detail)
+static enum MHD_Result problem_with(struct MHD_Connection *conn, int status,
+				    const char *code, const char *detail,
+				    const char *extra_name,
+				    const char *extra_value)
 {
 	ip_buf b = {0};
 	problem_render(&b, status, code, detail, NULL);
-	return reply(conn, status, PROBLEM_CONTENT_TYPE, &b);
+	return reply(conn, status, PROBLEM_CONTENT_TYPE, &b, extra_name,
+		     extra_value);
+}
+
+static enum MHD_Result problem(struct MHD_Connection *conn, int status,
+			       const char *code, const char *detail)
+{
+	return problem_with(conn, status, code, detail, NULL, NULL);
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *conn, int status,
+				  json_t *doc)
+{
+	char *s = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+	json_decref(doc);
+	ip_buf b = {0};
+	if (s) {
+		ip_buf_puts(&b, s);
+		ip_buf_puts(&b, "\n");
+		free(s);
+	}
+	return reply(conn, status, JSON_TYPE, &b, NULL, NULL);
+}
+
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+int admin_decode_segment(const char *s, size_t n, char *out)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned char c = (unsigned char)s[i];
+		if (c == '%') {
+			if (i + 2 >= n)
+				return -1;
+			int hi = hexval(s[i + 1]), lo = hexval(s[i + 2]);
+			if (hi < 0 || lo < 0)
+				return -1;
+			c = (unsigned char)(hi * 16 + lo);
+			i += 2;
+		}
+		/* Tenants, operations and keys are printable ASCII (a quoted
+		 * key may hold a space); nothing else can name a record. */
+		if (c < 0x20 || c > 0x7e)
+			return -1;
+		out[k++] = (char)c;
+	}
+	out[k] = '\0';
+	return k ? 0 : -1;
+}
+
+bool admin_token_ok(const char *header, const char *token)
+{
+	if (!header || !token || !token[0])
+		return false;
+	if (!ip_strncaseeq(header, "Bearer", 6) ||
+	    (header[6] != ' ' && header[6] != '\t'))
+		return false;
+	const char *p = header + 6;
+	while (*p == ' ' || *p == '\t')
+		p++;
+	size_t n = strlen(p);
+	while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
+		n--;
+	/* Comparing digests in constant time hides the token's length as
+	 * well as its bytes. */
+	unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+	SHA256((const unsigned char *)p, n, a);
+	SHA256((const unsigned char *)token, strlen(token), b);
+	return CRYPTO_memcmp(a, b, sizeof a) == 0;
+}
+
+/* NULL stays null; jansson refuses bytes that are not UTF-8, so such a
+ * value is shown with '?' in their place rather than dropped. */
+static json_t *jstr(const char *s)
+{
+	if (!s)
+		return json_null();
+	json_t *j = json_string(s);
+	if (j)
+		return j;
+	char *copy = xstrdup(s);
+	for (char *p = copy; *p; p++)
+		if ((unsigned char)*p >= 0x80)
+			*p = '?';
+	j = json_string(copy);
+	free(copy);
+	return j ? j : json_null();
+}
+
+static json_t *headers_json(const char *lines)
+{
+	json_t *arr = json_array();
+	if (!lines)
+		return arr;
+	header_list h = {0};
+	idem_decode_replay_headers(lines, strlen(lines), &h);
+	for (size_t i = 0; i < h.n; i++) {
+		json_t *pair = json_array();
+		json_array_append_new(pair, jstr(h.v[i].name));
+		json_array_append_new(pair, jstr(h.v[i].value));
+		json_array_append_new(arr, pair);
+	}
+	header_list_free(&h);
+	return arr;
+}
+
+static json_t *record_json(const admin_record *r)
+{
+	json_t *o = json_object();
+	json_object_set_new(o, "tenant", jstr(r->tenant));
+	json_object_set_new(o, "operation", jstr(r->operation));
+	json_object_set_new(o, "key", jstr(r->key));
+	json_object_set_new(o, "state", jstr(r->state));
+	json_object_set_new(o, "attempt", json_integer(r->attempt));
+	json_object_set_new(o, "request_hash", jstr(r->request_hash_hex));
+	json_object_set_new(o, "owner_token", jstr(r->owner_token));
+	json_object_set_new(o, "lease_until", jstr(r->lease_until));
+	json_object_set_new(o, "created_at", jstr(r->created_at));
+	json_object_set_new(o, "updated_at", jstr(r->updated_at));
+	json_object_set_new(o, "expires_at", jstr(r->expires_at));
+	json_object_set_new(o, "expired", json_boolean(r->expired));
+	json_object_set_new(o, "hold_on_unknown",
+			    json_boolean(r->hold_on_unknown));
+	json_object_set_new(o, "response_status",
+			    r->has_status ? json_integer(r->response_status)
+					  : json_null());
+	json_object_set_new(o, "response_headers",
+			    headers_json(r->response_headers));
+	json_object_set_new(o, "response_body", jstr(r->response_body_b64));
+	json_object_set_new(o, "replayable",
+			    r->replayable < 0 ? json_null()
+					      : json_boolean(r->replayable));
+	return o;
+}
+
+/* tenant, operation, key, percent-decoded; each NUL-terminated. */
+typedef struct key_path {
+	char *part[3];
+} key_path;
+
+static void key_path_free(key_path *k)
+{
+	for (int i = 0; i < 3; i++)
+		free(k->part[i]);
+}
+
+/* 0 ok; -1 not of the form tenant/operation/key (404); -2 a segment that
+ * does not decode to a possible name (400). */
+static int parse_key_path(const char *rest, key_path *k)
+{
+	memset(k, 0, sizeof *k);
+	const char *p = rest;
+	for (int i = 0; i < 3; i++) {
+		const char *slash = strchr(p, '/');
+		if ((i < 2) != (slash != NULL))
+			return -1;
+		size_t n = slash ? (size_t)(slash - p) : strlen(p);
+		if (n == 0)
+			return -1;
+		k->part[i] = xmalloc(n + 1);
+		if (admin_decode_segment(p, n, k->part[i]))
+			return -2;
+		p = slash ? slash + 1 : p + n;
+	}
+	return 0;
+}
+
+static void log_action(const char *who, const char *method,
+		       const key_path *k, const char *result)
+{
+	log_info("admin action",
+		 "remote=%s method=%s tenant=%s operation=%s key=%s result=%s",
+		 who, method, k->part[0], k->part[1], k->part[2], result);
+}
+
+static enum MHD_Result store_failed(struct MHD_Connection *conn,
+				    const char *who, const char *method,
+				    const key_path *k, const char *err)
+{
+	log_warn("admin action failed",
+		 "remote=%s method=%s tenant=%s operation=%s key=%s %s", who,
+		 method, k->part[0], k->part[1], k->part[2], err);
+	return problem_with(conn, 503, "idempotency_store_unavailable",
+			    "the idempotency store cannot be reached; retry "
+			    "later",
+			    "Retry-After", "1");
+}
+
+static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,
+			       const char *who, const char *method,
+			       const key_path *k)
+{
+	admin_record rec;
+	bool found = false;
+	char err[512];
+	pthread_mutex_lock(&a->mu);
+	int rc = store_admin_get(a->st, k->part[0], k->part[1], k->part[2],
+				 &rec, &found, err, sizeof err);
+	pthread_mutex_unlock(&a->mu);
+	if (rc)
+		return store_failed(conn, who, method, k, err);
+	if (!found) {
+		log_action(who, method, k, "not_found");
+		return problem(conn, 404, "not_found",
+			       "no record for this tenant, operation and key");
+	}
+	json_t *doc = record_json(&rec);
+	store_admin_record_clear(&rec);
+	log_action(who, method, k, "found");
+	return reply_json(conn, 200, doc);
+}
+
+static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
+				  const char *who, const key_path *k)
+{
+	enum admin_delete_action action;
+	char prev[32], err[512];
+	pthread_mutex_lock(&a->mu);
+	int rc = store_admin_delete(a->st, k->part[0], k->part[1], k->part[2],
+				    &action, prev, sizeof prev, err,
+				    sizeof err);
+	pthread_mutex_unlock(&a->mu);
+	if (rc)
+		return store_failed(conn, who, "DELETE", k, err);
+	if (action == ADMIN_DEL_ABSENT) {
+		log_action(who, "DELETE", k, "not_found");
+		return problem(conn, 404, "not_found",
+			       "no record for this tenant, operation and key");
+	}
+	const char *done = action == ADMIN_DEL_RELEASED ? "released" : "purged";
+	log_action(who, "DELETE", k, done);
+	json_t *o = json_object();
+	json_object_set_new(o, "tenant", jstr(k->part[0]));
+	json_object_set_new(o, "operation", jstr(k->part[1]));
+	json_object_set_new(o, "key", jstr(k->part[2]));
+	json_object_set_new(o, "action", json_string(done));
+	json_object_set_new(o, "previous_state", jstr(prev));
+	return reply_json(conn, 200, o);
+}
+
+/* Is the request allowed into /admin? Answers it (and returns false) when
+ * not. The token is read from the configuration in force right now. */
+static bool admin_gate(admin *a, struct MHD_Connection *conn,
+		       const char *who, const char *method, const char *path,
+		       enum MHD_Result *answer)
+{
+	config *cfg = a->get_config(a->arg);
+	bool disabled = !cfg->admin_token[0];
+	bool ok = !disabled &&
+		  admin_token_ok(MHD_lookup_connection_value(
+					 conn, MHD_HEADER_KIND, "Authorization"),
+				 cfg->admin_token);
+	config_unref(cfg);
+	if (ok)
+		return true;
+	char shown[200], verb[24];
+	loggable(path, shown, sizeof shown);
+	loggable(method, verb, sizeof verb);
+	method = verb;
+	if (disabled) {
+		log_info("admin request refused",
+			 "remote=%s method=%s path=%s result=disabled", who,
+			 method, shown);
+		*answer = problem(conn, 404, "not_found",
+				  "the admin API is disabled (admin_token is "
+				  "empty)");
+		return false;
+	}
+	log_warn("admin request refused",
+		 "remote=%s method=%s path=%s result=unauthorized", who, method,
+		 shown);
+	*answer = problem_with(conn, 401, "admin_unauthorized",
+			       "send Authorization: Bearer <admin_token>",
+			       MHD_HTTP_HEADER_WWW_AUTHENTICATE,
+			       "Bearer realm=\"idemproxy-admin\"");
+	return false;
+}
+
+static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
+				   const char *method, const char *path)
+{
+	char who[64];
+	remote_addr(conn, who, sizeof who);
+	enum MHD_Result answer = MHD_NO;
+	if (!admin_gate(a, conn, who, method, path, &answer))
+		return answer;
+	size_t plen = strlen(KEYS_PREFIX);
+	key_path k;
+	memset(&k, 0, sizeof k);
+	int pr = strncmp(path, KEYS_PREFIX, plen)
+			 ? -1
+			 : parse_key_path(path + plen, &k);
+	if (pr == -1) {
+		key_path_free(&k);
+		return problem(conn, 404, "not_found",
+			       "no such admin endpoint; use "
+			       "/admin/keys/{tenant}/{operation}/{key}");
+	}
+	if (strcmp(method, "GET") && strcmp(method, "HEAD") &&
+	    strcmp(method, "DELETE")) {
+		key_path_free(&k);
+		return problem_with(conn, 405, "method_not_allowed",
+				    "use GET or DELETE", MHD_HTTP_HEADER_ALLOW,
+				    "GET, HEAD, DELETE");
+	}
+	if (pr == -2) {
+		key_path_free(&k);
+		return problem(conn, 400, "bad_request",
+			       "a path segment is not a valid percent-encoded "
+			       "name of printable ASCII");
+	}
+	answer = strcmp(method, "DELETE") ? key_get(a, conn, who, method, &k)
+					  : key_delete(a, conn, who, &k);
+	key_path_free(&k);
+	return answer;
+}
+
+static enum MHD_Result get_only(struct MHD_Connection *conn,
+				const char *method)
+{
+	return problem_with(conn, 405, "method_not_allowed", "use GET",
+			    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+}
+
+static enum MHD_Result handle_ready(admin *a, struct MHD_Connection *conn)
+{
+	char err[512];
+	pthread_mutex_lock(&a->mu);
+	int rc = store_admin_ready(a->st, store_expected_version(), err,
+				   sizeof err);
+	pthread_mutex_unlock(&a->mu);
+	ip_buf b = {0};
+	if (rc == 0) {
+		ip_buf_puts(&b, "ready\n");
+		return reply(conn, 200, "text/plain", &b, NULL, NULL);
+	}
+	ip_buf_printf(&b, "not ready: %s\n", err);
+	return reply(conn, 503, "text/plain", &b, NULL, NULL);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
@@ -43,44 +453,60 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 				  size_t *upload_size, void **ctxp)
 {
 	admin *a = cls;
-	static int first_call_marker;
-	if (*ctxp == NULL) {
-		*ctxp = &first_call_marker;
+	admin_req *rq = *ctxp;
+	if (!rq) /* no URI callback ran: should not happen */
+		return MHD_NO;
+	if (!rq->started) {
+		rq->started = true;
 		return MHD_YES;
 	}
 	if (*upload_size) {
 		*upload_size = 0; /* no admin endpoint takes a body */
 		return MHD_YES;
 	}
+	/* The raw path, without the query. */
+	char *q = strchr(rq->raw, '?');
+	if (q)
+		*q = '\0';
+	const char *path = rq->raw;
+	if (!strcmp(path, "/admin") || !strncmp(path, "/admin/", 7))
+		return handle_admin(a, conn, method, path);
 	bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+	bool known = !strcmp(path, "/healthz") || !strcmp(path, "/readyz") ||
+		     !strcmp(path, "/metrics");
+	if (!known)
+		return problem(conn, 404, "not_found",
+			       "no such admin endpoint");
+	if (!get)
+		return get_only(conn, method);
 	ip_buf b = {0};
-	if (!strcmp(url, "/healthz")) {
-		if (!get)
-			return problem(conn, 405, "method_not_allowed",
-				       "use GET");
+	if (!strcmp(path, "/healthz")) {
 		ip_buf_puts(&b, "ok\n");
-		return reply(conn, 200, "text/plain", &b);
+		return reply(conn, 200, "text/plain", &b, NULL, NULL);
 	}
-	if (!strcmp(url, "/readyz")) {
-		if (!get)
-			return problem(conn, 405, "method_not_allowed",
-				       "use GET");
-		char err[256];
-		if (a->o.ready(a->o.arg, err, sizeof err) == 0) {
-			ip_buf_puts(&b, "ready\n");
-			return reply(conn, 200, "text/plain", &b);
-		}
-		ip_buf_printf(&b, "not ready: %s\n", err);
-		return reply(conn, 503, "text/plain", &b);
-	}
-	if (!strcmp(url, "/metrics")) {
-		if (!get)
-			return problem(conn, 405, "method_not_allowed",
-				       "use GET");
-		metrics_render(&b);
-		return reply(conn, 200, "text/plain; version=0.0.4", &b);
-	}
-	return problem(conn, 404, "not_found", "no such admin endpoint");
+	if (!strcmp(path, "/readyz"))
+		return handle_ready(a, conn);
+	metrics_render(&b);
+	return reply(conn, 200, "text/plain; version=0.0.4; charset=utf-8", &b,
+		     NULL, NULL);
+}
+
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+	admin_req *rq = xcalloc(1, sizeof *rq);
+	rq->raw = xstrdup(uri ? uri : "");
+	return rq;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **ctxp,
+			 enum MHD_RequestTerminationCode toe)
+{
+	admin_req *rq = *ctxp;
+	if (!rq)
+		return;
+	free(rq->raw);
+	free(rq);
+	*ctxp = NULL;
 }
 
 admin *admin_start(const admin_opts *o, char *err, size_t errlen)
@@ -90,19 +516,27 @@ admin *admin_start(const admin_opts *o, char *err, size_t errlen)
 	if (http_parse_listen(o->listen, &ss, &v6, err, errlen))
 		return NULL;
 	admin *a = xcalloc(1, sizeof *a);
-	a->o = *o;
-	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+	a->get_config = o->get_config;
+	a->arg = o->arg;
+	a->st = store_admin_new(o->db_url, o->statement_timeout_ms);
+	pthread_mutex_init(&a->mu, NULL);
+	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD |
+			 MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
 			 MHD_USE_ERROR_LOG;
 	if (v6)
 		flags |= MHD_USE_IPv6;
 	a->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, a,
 				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+				MHD_OPTION_URI_LOG_CALLBACK, on_uri, a,
+				MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
 				MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
 				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
 				MHD_OPTION_END);
 	if (!a->d) {
 		snprintf(err, errlen, "cannot listen on %s (in use?)",
 			 o->listen);
+		store_admin_free(a->st);
+		pthread_mutex_destroy(&a->mu);
 		free(a);
 		return NULL;
 	}
@@ -114,5 +548,7 @@ void admin_stop(admin *a)
 	if (!a)
 		return;
 	MHD_stop_daemon(a->d);
+	store_admin_free(a->st);
+	pthread_mutex_destroy(&a->mu);
 	free(a);
 }

@@ -38,7 +38,8 @@ static void timestamp(char *out, size_t n)
 static void emit(json_t *obj, const char *text)
 {
 	if (g_json) {
-		char *s = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER);
+		char *s = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER |
+					   JSON_REAL_PRECISION(10));
 		if (s) {
 			size_t n = strlen(s);
 			s[n] = '\n';

@@ -42,27 +42,6 @@ static bool submit_job(void *arg, job *j)
 	return worker_pool_submit(arg, j);
 }
 
-typedef struct ready_ctx {
-	const char *db_url;
-} ready_ctx;
-
-static int check_ready(void *arg, char *err, size_t errlen)
-{
-	ready_ctx *rc = arg;
-	store *s = store_new(rc->db_url, 2000);
-	int version = 0;
-	int r = store_schema_version(s, &version, err, errlen);
-	store_free(s);
-	if (r)
-		return -1;
-	if (version < store_expected_version()) {
-		snprintf(err, errlen, "schema version %d, expected %d", version,
-			 store_expected_version());
-		return -1;
-	}
-	return 0;
-}
-
 static void usage(FILE *out)
 {
 	fputs("usage: idemproxy -c FILE [--check | --migrate]\n"
@@ -182,10 +161,14 @@ static int serve(config *cfg)
 		fprintf(stderr, "idemproxy: %s\n", err);
 		return 1;
 	}
-	ready_ctx rctx = {cfg->db_url};
 	admin *adm = NULL;
 	if (cfg->admin_listen[0]) {
-		admin_opts ao = {cfg->admin_listen, check_ready, &rctx};
+		admin_opts ao = {
+			.listen = cfg->admin_listen,
+			.db_url = cfg->db_url,
+			.statement_timeout_ms = cfg->statement_timeout_ms,
+			.get_config = get_config,
+		};
 		adm = admin_start(&ao, err, sizeof err);
 		if (!adm) {
 			fprintf(stderr, "idemproxy: admin: %s\n", err);
@@ -198,7 +181,8 @@ static int serve(config *cfg)
 		 cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
 		 cfg->workers, cfg->n_routes);
 
-	const char *file = cfg->file;
+	/* The first reload frees cfg: keep the path. */
+	char *file = xstrdup(cfg->file);
 	int sig = 0;
 	for (;;) {
 		if (sigwait(&set, &sig))
@@ -238,6 +222,7 @@ static int serve(config *cfg)
 	config_unref(cfg_current);
 	cfg_current = NULL;
 	pthread_mutex_unlock(&cfg_mu);
+	free(file);
 	return 0;
 }
 

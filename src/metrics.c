@@ -194,7 +194,7 @@ static void render_histogram(ip_buf *out, const histogram *h)
 static void render_scalar(ip_buf *out, const char *name, const char *type,
 			  const char *help, double v)
 {
-	ip_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %.6g\n", name, help,
+	ip_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %.15g\n", name, help,
 		      name, type, name, v);
 }
 

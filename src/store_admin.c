@@ -1,0 +1,286 @@
+/* The admin API's store queries, on the admin listener's own connection.
+ * Text parameters and results: every value the admin API handles is text
+ * or small, and the bytea body is base64-encoded by the database. */
+#include "store_admin.h"
+
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+struct store_admin {
+	char *url;
+	int64_t statement_timeout_ms;
+	PGconn *conn;
+	bool down; /* the last attempt to reach the database failed */
+};
+
+store_admin *store_admin_new(const char *url, int64_t statement_timeout_ms)
+{
+	store_admin *s = xcalloc(1, sizeof *s);
+	s->url = xstrdup(url);
+	s->statement_timeout_ms = statement_timeout_ms;
+	return s;
+}
+
+void store_admin_free(store_admin *s)
+{
+	if (!s)
+		return;
+	if (s->conn)
+		PQfinish(s->conn);
+	free(s->url);
+	free(s);
+}
+
+static void set_err(char *err, size_t errlen, const char *what,
+		    const char *pgmsg)
+{
+	char msg[512];
+	snprintf(msg, sizeof msg, "%s", pgmsg ? pgmsg : "");
+	/* libpq messages end with a newline; keep log lines whole. */
+	for (char *p = msg; *p; p++)
+		if (*p == '\n' || *p == '\r')
+			*p = (p[1] ? ' ' : '\0');
+	snprintf(err, errlen, "%s: %s", what, msg);
+}
+
+/* Transitions are logged once, not once per probe during an outage. */
+static void mark_down(store_admin *s, const char *why)
+{
+	if (!s->down)
+		log_error("admin: store connection lost", "%s", why);
+	s->down = true;
+}
+
+static void quiet_notices(void *arg, const char *msg)
+{
+}
+
+static int connect_db(store_admin *s, char *err, size_t errlen)
+{
+	if (s->conn)
+		return 0;
+	/* Our defaults first; the expanded URL (last) overrides any of them. */
+	const char *keys[] = {"connect_timeout", "keepalives",
+			      "keepalives_idle", "keepalives_interval",
+			      "keepalives_count", "tcp_user_timeout",
+			      "application_name", "dbname", NULL};
+	const char *vals[] = {"3", "1", "10", "5", "3", "10000",
+			      "idemproxy-admin", s->url, NULL};
+	PGconn *c = PQconnectdbParams(keys, vals, 1);
+	if (!c || PQstatus(c) != CONNECTION_OK) {
+		set_err(err, errlen, "connect",
+			c ? PQerrorMessage(c) : "out of memory");
+		if (c)
+			PQfinish(c);
+		mark_down(s, err);
+		return -1;
+	}
+	PQsetNoticeProcessor(c, quiet_notices, NULL);
+	char sql[64];
+	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
+		 (long long)s->statement_timeout_ms);
+	PGresult *r = PQexec(c, sql);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+		set_err(err, errlen, "set", PQresultErrorMessage(r));
+		PQclear(r);
+		PQfinish(c);
+		mark_down(s, err);
+		return -1;
+	}
+	PQclear(r);
+	s->conn = c;
+	if (s->down)
+		log_info("admin: store connection re-established", NULL);
+	s->down = false;
+	return 0;
+}
+
+/* PQstatus changes only after a failed read or write: drop a connection
+ * that broke so the next call makes a new one. True if it was dropped. */
+static bool drop_if_broken(store_admin *s)
+{
+	if (!s->conn || PQstatus(s->conn) == CONNECTION_OK)
+		return false;
+	mark_down(s, PQerrorMessage(s->conn));
+	PQfinish(s->conn);
+	s->conn = NULL;
+	return true;
+}
+
+/* Runs sql with text parameters and text results. A connection that broke
+ * while idle (the database restarted) shows only on first use; when
+ * may_repeat is set the statement is then sent once more on a fresh
+ * connection. Only statements that are safe to repeat may set it. */
+static PGresult *query(store_admin *s, const char *what, const char *sql,
+		       int n, const char *const *vals, bool may_repeat,
+		       ExecStatusType want, char *err, size_t errlen)
+{
+	for (int round = 0;; round++) {
+		bool was_connected = s->conn != NULL;
+		if (connect_db(s, err, errlen))
+			return NULL;
+		PGresult *r =
+			PQexecParams(s->conn, sql, n, NULL, vals, NULL, NULL, 0);
+		if (r && PQresultStatus(r) == want)
+			return r;
+		set_err(err, errlen, what,
+			r ? PQresultErrorMessage(r) : PQerrorMessage(s->conn));
+		PQclear(r);
+		bool broken = drop_if_broken(s);
+		if (!may_repeat || !broken || !was_connected || round > 0)
+			return NULL;
+	}
+}
+
+int store_admin_ready(store_admin *s, int want, char *err, size_t errlen)
+{
+	PGresult *r = query(s, "schema",
+			    "SELECT coalesce(max(version), 0) "
+			    "FROM schema_migrations",
+			    0, NULL, true, PGRES_TUPLES_OK, err, errlen);
+	if (!r)
+		return -1;
+	int version = atoi(PQgetvalue(r, 0, 0));
+	PQclear(r);
+	if (version < want) {
+		snprintf(err, errlen,
+			 "database schema is version %d, this binary needs %d: "
+			 "run --migrate",
+			 version, want);
+		return -1;
+	}
+	return 0;
+}
+
+#define TS(col)                                                                \
+	"to_char(" col " AT TIME ZONE 'UTC', "                                 \
+	"'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+
+static const char get_sql[] =
+	"SELECT tenant, operation, idem_key, state, attempt, "
+	"encode(request_hash, 'hex'), owner_token::text, " TS("lease_until")
+	", " TS("created_at") ", " TS("updated_at") ", " TS("expires_at")
+	", expires_at <= now(), hold_on_unknown, response_status, "
+	"response_headers, translate(encode(response_body, 'base64'), "
+	"E'\\n', ''), replayable "
+	"FROM idempotency_records "
+	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3";
+
+static const char *col(PGresult *r, int c)
+{
+	return PQgetisnull(r, 0, c) ? NULL : PQgetvalue(r, 0, c);
+}
+
+static bool col_true(PGresult *r, int c)
+{
+	return !PQgetisnull(r, 0, c) && PQgetvalue(r, 0, c)[0] == 't';
+}
+
+int store_admin_get(store_admin *s, const char *tenant, const char *operation,
+		    const char *key, admin_record *out, bool *found, char *err,
+		    size_t errlen)
+{
+	memset(out, 0, sizeof *out);
+	*found = false;
+	const char *vals[3] = {tenant, operation, key};
+	PGresult *r = query(s, "get", get_sql, 3, vals, true, PGRES_TUPLES_OK,
+			    err, errlen);
+	if (!r)
+		return -1;
+	if (PQntuples(r) != 1) {
+		PQclear(r);
+		return 0;
+	}
+	*found = true;
+	out->res = r;
+	out->tenant = col(r, 0);
+	out->operation = col(r, 1);
+	out->key = col(r, 2);
+	out->state = col(r, 3);
+	out->attempt = atoi(PQgetvalue(r, 0, 4));
+	out->request_hash_hex = col(r, 5);
+	out->owner_token = col(r, 6);
+	out->lease_until = col(r, 7);
+	out->created_at = col(r, 8);
+	out->updated_at = col(r, 9);
+	out->expires_at = col(r, 10);
+	out->expired = col_true(r, 11);
+	out->hold_on_unknown = col_true(r, 12);
+	out->has_status = !PQgetisnull(r, 0, 13);
+	out->response_status = out->has_status ? atoi(col(r, 13)) : 0;
+	out->response_headers = col(r, 14);
+	out->response_body_b64 = col(r, 15);
+	out->replayable = PQgetisnull(r, 0, 16) ? -1 : col_true(r, 16);
+	return 0;
+}
+
+void store_admin_record_clear(admin_record *r)
+{
+	if (r->res)
+		PQclear(r->res);
+	memset(r, 0, sizeof *r);
+}
+
+/* The two branches are disjoint on the statement's snapshot. If an attempt
+ * changes the row in between (a claim takes a released key, an answer
+ * completes a processing one), the branch whose condition no longer holds
+ * on the new row version does nothing and the statement returns no row:
+ * the caller reads again. The owner token is kept on release, so a late
+ * answer of the released attempt may still be recorded unless another
+ * attempt takes the key over first (the same rule as the reaper's). */
+static const char delete_sql[] =
+	"WITH rel AS (UPDATE idempotency_records "
+	"SET state = 'released', lease_until = NULL, updated_at = now() "
+	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
+	"AND state = 'processing' RETURNING 'released'::text AS action, "
+	"'processing'::text AS previous), "
+	"del AS (DELETE FROM idempotency_records "
+	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
+	"AND state <> 'processing' RETURNING 'purged'::text, state) "
+	"SELECT action, previous FROM rel UNION ALL SELECT * FROM del "
+	"UNION ALL SELECT 'absent', '' WHERE NOT EXISTS (SELECT 1 FROM "
+	"idempotency_records WHERE tenant = $1 AND operation = $2 "
+	"AND idem_key = $3)";
+
+#define DELETE_ROUNDS 5
+
+int store_admin_delete(store_admin *s, const char *tenant,
+		       const char *operation, const char *key,
+		       enum admin_delete_action *action, char *previous_state,
+		       size_t statelen, char *err, size_t errlen)
+{
+	*action = ADMIN_DEL_ABSENT;
+	previous_state[0] = '\0';
+	/* Replace a connection that broke while idle before writing: the
+	 * write itself is never sent twice, since a repeated DELETE after a
+	 * release that did commit would purge the record. */
+	PGresult *r = query(s, "ping", "SELECT 1", 0, NULL, true,
+			    PGRES_TUPLES_OK, err, errlen);
+	if (!r)
+		return -1;
+	PQclear(r);
+	const char *vals[3] = {tenant, operation, key};
+	for (int round = 0; round < DELETE_ROUNDS; round++) {
+		r = query(s, "delete", delete_sql, 3, vals, false,
+			  PGRES_TUPLES_OK, err, errlen);
+		if (!r)
+			return -1;
+		if (PQntuples(r) == 0) {
+			PQclear(r);
+			continue;
+		}
+		const char *a = PQgetvalue(r, 0, 0);
+		*action = !strcmp(a, "released") ? ADMIN_DEL_RELEASED
+			  : !strcmp(a, "purged") ? ADMIN_DEL_PURGED
+						 : ADMIN_DEL_ABSENT;
+		snprintf(previous_state, statelen, "%s", PQgetvalue(r, 0, 1));
+		PQclear(r);
+		return 0;
+	}
+	snprintf(err, errlen, "delete: the record kept changing; try again");
+	return -1;
+}
