@@ -31,6 +31,10 @@ void http_front_quiesce(http_front *f);
 int http_front_in_flight(http_front *f);
 void http_front_stop(http_front *f);
 
+/* The peer's address as text ("unknown" if MHD cannot tell). */
+struct MHD_Connection;
+void http_client_ip(struct MHD_Connection *conn, char *out, size_t n);
+
 /* "host:port" / "[v6]:port" -> sockaddr; shared with the admin listener. */
 struct sockaddr_storage;
 int http_parse_listen(const char *listen, struct sockaddr_storage *ss,

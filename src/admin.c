@@ -42,24 +42,6 @@ typedef struct admin_req {
 	bool started;
 } admin_req;
 
-/* Who asked: the peer address, for the log. */
-static void remote_addr(struct MHD_Connection *conn, char *out, size_t n)
-{
-	const union MHD_ConnectionInfo *ci =
-		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-	snprintf(out, n, "unknown");
-	if (!ci || !ci->client_addr)
-		return;
-	const struct sockaddr *sa = ci->client_addr;
-	if (sa->sa_family == AF_INET)
-		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr,
-			  out, (socklen_t)n);
-	else if (sa->sa_family == AF_INET6)
-		inet_ntop(AF_INET6,
-			  &((const struct sockaddr_in6 *)sa)->sin6_addr, out,
-			  (socklen_t)n);
-}
-
 /* A client-chosen path, made safe for a log line: printable ASCII only,
  * bounded. */
 static void loggable(const char *s, char *out, size_t n)
@@ -389,7 +371,7 @@ static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
 				   const char *method, const char *path)
 {
 	char who[64];
-	remote_addr(conn, who, sizeof who);
+	http_client_ip(conn, who, sizeof who);
 	enum MHD_Result answer = MHD_NO;
 	if (!admin_gate(a, conn, who, method, path, &answer))
 		return answer;

@@ -44,28 +44,13 @@ typedef struct req_ctx {
 int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
 		      bool *v6, char *err, size_t errlen)
 {
-	char host[256];
-	const char *port;
-	const char *colon = strrchr(listen, ':');
-	if (!colon) {
-		snprintf(err, errlen, "listen address %s: want host:port",
-			 listen);
+	char host[256], port[16];
+	int portnum;
+	if (config_split_listen(listen, host, sizeof host, &portnum, err,
+				errlen))
 		return -1;
-	}
-	size_t hl = (size_t)(colon - listen);
-	const char *h = listen;
-	if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
-		h++;
-		hl -= 2;
-	}
-	if (hl >= sizeof host) {
-		snprintf(err, errlen, "listen address %s: host too long",
-			 listen);
-		return -1;
-	}
-	memcpy(host, h, hl);
-	host[hl] = '\0';
-	port = colon + 1;
+	snprintf(port, sizeof port, "%d", portnum);
+	size_t hl = strlen(host);
 	struct addrinfo hints = {0}, *res = NULL;
 	hints.ai_family = AF_UNSPEC;
 	hints.ai_socktype = SOCK_STREAM;
@@ -141,7 +126,7 @@ static bool valid_request_id(const char *v)
 	return true;
 }
 
-static void client_ip(struct MHD_Connection *conn, char *out, size_t n)
+void http_client_ip(struct MHD_Connection *conn, char *out, size_t n)
 {
 	const union MHD_ConnectionInfo *ci =
 		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
@@ -173,7 +158,7 @@ static job *start_job(req_ctx *c, const char *method, const char *version)
 	c->j = j;
 	MHD_get_connection_values_n(c->conn, MHD_HEADER_KIND, collect_header,
 				    c);
-	client_ip(c->conn, j->client_ip, sizeof j->client_ip);
+	http_client_ip(c->conn, j->client_ip, sizeof j->client_ip);
 	const char *rid = header_list_get(&j->req_headers, "X-Request-Id");
 	if (valid_request_id(rid))
 		snprintf(j->request_id, sizeof j->request_id, "%s", rid);

@@ -9,19 +9,16 @@
 #include <string.h>
 
 #include "log.h"
+#include "pg_link.h"
 
 struct store_admin {
-	char *url;
-	int64_t statement_timeout_ms;
-	PGconn *conn;
-	bool down; /* the last attempt to reach the database failed */
+	pg_link link;
 };
 
 store_admin *store_admin_new(const char *url, int64_t statement_timeout_ms)
 {
 	store_admin *s = xcalloc(1, sizeof *s);
-	s->url = xstrdup(url);
-	s->statement_timeout_ms = statement_timeout_ms;
+	pg_link_init(&s->link, url, "idemproxy-admin", statement_timeout_ms);
 	return s;
 }
 
@@ -29,86 +26,8 @@ void store_admin_free(store_admin *s)
 {
 	if (!s)
 		return;
-	if (s->conn)
-		PQfinish(s->conn);
-	free(s->url);
+	pg_link_close(&s->link);
 	free(s);
-}
-
-static void set_err(char *err, size_t errlen, const char *what,
-		    const char *pgmsg)
-{
-	char msg[512];
-	snprintf(msg, sizeof msg, "%s", pgmsg ? pgmsg : "");
-	/* libpq messages end with a newline; keep log lines whole. */
-	for (char *p = msg; *p; p++)
-		if (*p == '\n' || *p == '\r')
-			*p = (p[1] ? ' ' : '\0');
-	snprintf(err, errlen, "%s: %s", what, msg);
-}
-
-/* Transitions are logged once, not once per probe during an outage. */
-static void mark_down(store_admin *s, const char *why)
-{
-	if (!s->down)
-		log_error("admin: store connection lost", "%s", why);
-	s->down = true;
-}
-
-static void quiet_notices(void *arg, const char *msg)
-{
-}
-
-static int connect_db(store_admin *s, char *err, size_t errlen)
-{
-	if (s->conn)
-		return 0;
-	/* Our defaults first; the expanded URL (last) overrides any of them. */
-	const char *keys[] = {"connect_timeout", "keepalives",
-			      "keepalives_idle", "keepalives_interval",
-			      "keepalives_count", "tcp_user_timeout",
-			      "application_name", "dbname", NULL};
-	const char *vals[] = {"3", "1", "10", "5", "3", "10000",
-			      "idemproxy-admin", s->url, NULL};
-	PGconn *c = PQconnectdbParams(keys, vals, 1);
-	if (!c || PQstatus(c) != CONNECTION_OK) {
-		set_err(err, errlen, "connect",
-			c ? PQerrorMessage(c) : "out of memory");
-		if (c)
-			PQfinish(c);
-		mark_down(s, err);
-		return -1;
-	}
-	PQsetNoticeProcessor(c, quiet_notices, NULL);
-	char sql[64];
-	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
-		 (long long)s->statement_timeout_ms);
-	PGresult *r = PQexec(c, sql);
-	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-		set_err(err, errlen, "set", PQresultErrorMessage(r));
-		PQclear(r);
-		PQfinish(c);
-		mark_down(s, err);
-		return -1;
-	}
-	PQclear(r);
-	s->conn = c;
-	if (s->down)
-		log_info("admin: store connection re-established", NULL);
-	s->down = false;
-	return 0;
-}
-
-/* PQstatus changes only after a failed read or write: drop a connection
- * that broke so the next call makes a new one. True if it was dropped. */
-static bool drop_if_broken(store_admin *s)
-{
-	if (!s->conn || PQstatus(s->conn) == CONNECTION_OK)
-		return false;
-	mark_down(s, PQerrorMessage(s->conn));
-	PQfinish(s->conn);
-	s->conn = NULL;
-	return true;
 }
 
 /* Runs sql with text parameters and text results. A connection that broke
@@ -120,17 +39,18 @@ static PGresult *query(store_admin *s, const char *what, const char *sql,
 		       ExecStatusType want, char *err, size_t errlen)
 {
 	for (int round = 0;; round++) {
-		bool was_connected = s->conn != NULL;
-		if (connect_db(s, err, errlen))
+		bool was_connected = s->link.conn != NULL;
+		if (pg_link_connect(&s->link, NULL, err, errlen))
 			return NULL;
-		PGresult *r =
-			PQexecParams(s->conn, sql, n, NULL, vals, NULL, NULL, 0);
+		PGresult *r = PQexecParams(s->link.conn, sql, n, NULL, vals,
+					   NULL, NULL, 0);
 		if (r && PQresultStatus(r) == want)
 			return r;
-		set_err(err, errlen, what,
-			r ? PQresultErrorMessage(r) : PQerrorMessage(s->conn));
+		pg_link_err(err, errlen, what,
+			    r ? PQresultErrorMessage(r)
+			      : PQerrorMessage(s->link.conn));
 		PQclear(r);
-		bool broken = drop_if_broken(s);
+		bool broken = pg_link_drop_if_broken(&s->link);
 		if (!may_repeat || !broken || !was_connected || round > 0)
 			return NULL;
 	}

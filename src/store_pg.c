@@ -3,19 +3,15 @@
 #include "store_pg.h"
 
 #include <arpa/inet.h>
-#include <libpq-fe.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
 #include "migrations.h"
+#include "pg_link.h"
 
 struct store {
-	char *url;
-	int64_t statement_timeout_ms;
-	PGconn *conn;
-	bool down;  /* last attempt to use the database failed */
+	pg_link link;
 };
 
 /* Each statement, its name, parameter types (OIDs) and text. */
@@ -87,8 +83,7 @@ enum { ST_CLAIM, ST_COMPLETE, ST_RELEASE, ST_REAP, ST_PURGE, ST_STATS };
 store *store_new(const char *url, int64_t statement_timeout_ms)
 {
 	store *s = xcalloc(1, sizeof *s);
-	s->url = xstrdup(url);
-	s->statement_timeout_ms = statement_timeout_ms;
+	pg_link_init(&s->link, url, "idemproxy", statement_timeout_ms);
 	return s;
 }
 
@@ -96,40 +91,8 @@ void store_free(store *s)
 {
 	if (!s)
 		return;
-	if (s->conn)
-		PQfinish(s->conn);
-	free(s->url);
+	pg_link_close(&s->link);
 	free(s);
-}
-
-static void set_err(char *err, size_t errlen, const char *what,
-		    const char *pgmsg)
-{
-	char msg[512];
-	snprintf(msg, sizeof msg, "%s", pgmsg ? pgmsg : "");
-	/* libpq messages end with a newline; keep log lines whole. */
-	for (char *p = msg; *p; p++)
-		if (*p == '\n' || *p == '\r')
-			*p = (p[1] ? ' ' : '\0');
-	snprintf(err, errlen, "%s: %s", what, msg);
-}
-
-/* Transitions are logged once, not once per request during an outage. */
-static void mark_down(store *s, const char *why)
-{
-	if (!s->down)
-		log_error("store connection lost", "%s", why);
-	s->down = true;
-}
-
-/* After a failure: drop a broken connection so the next call reconnects. */
-static void check_conn(store *s)
-{
-	if (s->conn && PQstatus(s->conn) != CONNECTION_OK) {
-		mark_down(s, PQerrorMessage(s->conn));
-		PQfinish(s->conn);
-		s->conn = NULL;
-	}
 }
 
 static int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
@@ -137,60 +100,37 @@ static int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
 {
 	if (res && PQresultStatus(res) == want)
 		return 0;
-	set_err(err, errlen, what,
-		res ? PQresultErrorMessage(res) : PQerrorMessage(s->conn));
-	check_conn(s);
+	pg_link_err(err, errlen, what,
+		    res ? PQresultErrorMessage(res)
+			: PQerrorMessage(s->link.conn));
+	pg_link_drop_if_broken(&s->link);
 	return -1;
 }
 
 int store_ensure(store *s, char *err, size_t errlen)
 {
-	if (s->conn)
-		return 0;
-	/* Our defaults first; the expanded URL (last) overrides any of them. */
-	const char *keys[] = {"connect_timeout", "keepalives",
-			      "keepalives_idle", "keepalives_interval",
-			      "keepalives_count", "tcp_user_timeout",
-			      "application_name", "dbname", NULL};
-	const char *vals[] = {"3", "1", "10", "5", "3", "10000", "idemproxy",
-			      s->url, NULL};
-	PGconn *c = PQconnectdbParams(keys, vals, 1);
-	if (!c || PQstatus(c) != CONNECTION_OK) {
-		set_err(err, errlen, "connect",
-			c ? PQerrorMessage(c) : "out of memory");
-		if (c)
-			PQfinish(c);
-		mark_down(s, err);
+	bool fresh;
+	if (pg_link_connect(&s->link, &fresh, err, errlen))
 		return -1;
-	}
-	s->conn = c;
-	char sql[128];
-	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
-		 (long long)s->statement_timeout_ms);
-	PGresult *r = PQexec(c, sql);
-	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "set");
-	PQclear(r);
-	if (rc)
-		goto fail;
+	if (!fresh)
+		return 0;
 	for (size_t i = 0; i < sizeof stmts / sizeof stmts[0]; i++) {
-		r = PQprepare(c, stmts[i].name, stmts[i].sql, stmts[i].nparams,
-			      stmts[i].types);
-		rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "prepare");
+		PGresult *r = PQprepare(s->link.conn, stmts[i].name,
+					stmts[i].sql, stmts[i].nparams,
+					stmts[i].types);
+		int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen,
+				 "prepare");
 		PQclear(r);
-		/* A missing function means an old schema; the caller reports it. */
-		if (rc)
-			goto fail;
+		/* A missing function means an old schema; the caller reports
+		 * it. Next call starts over on a new connection. */
+		if (rc) {
+			if (s->link.conn)
+				PQfinish(s->link.conn);
+			s->link.conn = NULL;
+			return -1;
+		}
 	}
-	if (s->down)
-		log_info("store connection re-established", NULL);
-	s->down = false;
 	return 0;
-fail:
-	if (s->conn) {
-		PQfinish(s->conn);
-		s->conn = NULL;
-	}
-	return -1;
 }
 
 static int64_t get_i64(const char *p)
@@ -219,7 +159,7 @@ static void put_i64(char out[8], int64_t v)
 static PGresult *run(store *s, int st, const char *const *vals,
 		     const int *lens, const int *fmts, int result_binary)
 {
-	return PQexecPrepared(s->conn, stmts[st].name, stmts[st].nparams, vals,
+	return PQexecPrepared(s->link.conn, stmts[st].name, stmts[st].nparams, vals,
 			      lens, fmts, result_binary);
 }
 
@@ -238,12 +178,12 @@ static int claim_once(store *s, const claim_req *req, claim_result *out,
 int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
 		size_t errlen)
 {
-	bool was_connected = s->conn != NULL;
+	bool was_connected = s->link.conn != NULL;
 	int rc = claim_once(s, req, out, err, errlen);
 	/* A connection that broke while idle (database restarted) shows only
 	 * on first use: try once more on a fresh one. Repeating a claim is
 	 * safe: if the first one did take the key, this one sees it in flight. */
-	if (rc && was_connected && !s->conn)
+	if (rc && was_connected && !s->link.conn)
 		rc = claim_once(s, req, out, err, errlen);
 	return rc;
 }
@@ -404,26 +344,22 @@ int store_processing_stats(store *s, int64_t *count, double *oldest_age_s,
 	return rc;
 }
 
-static void quiet_notices(void *arg, const char *msg)
-{
-}
-
 /* Schema management runs on a plain connection: the prepared statements need
  * the schema, which may not exist yet. */
 static PGconn *plain_connect(store *s, char *err, size_t errlen)
 {
 	const char *keys[] = {"connect_timeout", "application_name", "dbname",
 			      NULL};
-	const char *vals[] = {"5", "idemproxy", s->url, NULL};
+	const char *vals[] = {"5", "idemproxy", s->link.url, NULL};
 	PGconn *c = PQconnectdbParams(keys, vals, 1);
 	if (!c || PQstatus(c) != CONNECTION_OK) {
-		set_err(err, errlen, "connect",
-			c ? PQerrorMessage(c) : "out of memory");
+		pg_link_err(err, errlen, "connect",
+			    c ? PQerrorMessage(c) : "out of memory");
 		if (c)
 			PQfinish(c);
 		return NULL;
 	}
-	PQsetNoticeProcessor(c, quiet_notices, NULL);
+	pg_link_quiet(c);
 	return c;
 }
 
@@ -432,7 +368,7 @@ static int version_on(PGconn *c, int *version, char *err, size_t errlen)
 	PGresult *r = PQexec(c, "SELECT to_regclass('schema_migrations') IS "
 				"NOT NULL");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-		set_err(err, errlen, "schema", PQresultErrorMessage(r));
+		pg_link_err(err, errlen, "schema", PQresultErrorMessage(r));
 		PQclear(r);
 		return -1;
 	}
@@ -443,7 +379,7 @@ static int version_on(PGconn *c, int *version, char *err, size_t errlen)
 		return 0;
 	r = PQexec(c, "SELECT coalesce(max(version), 0) FROM schema_migrations");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
-		set_err(err, errlen, "schema", PQresultErrorMessage(r));
+		pg_link_err(err, errlen, "schema", PQresultErrorMessage(r));
 		PQclear(r);
 		return -1;
 	}
@@ -478,7 +414,7 @@ static int simple(PGconn *c, const char *sql, char *err, size_t errlen,
 	ExecStatusType st = PQresultStatus(r);
 	int rc = (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) ? 0 : -1;
 	if (rc)
-		set_err(err, errlen, what, PQresultErrorMessage(r));
+		pg_link_err(err, errlen, what, PQresultErrorMessage(r));
 	PQclear(r);
 	return rc;
 }
@@ -501,7 +437,7 @@ static int apply_one(PGconn *c, const struct migration *m, char *err,
 				   2, NULL, vals, NULL, NULL, 0);
 	int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
 	if (rc)
-		set_err(err, errlen, what, PQresultErrorMessage(r));
+		pg_link_err(err, errlen, what, PQresultErrorMessage(r));
 	PQclear(r);
 	if (rc)
 		goto rollback;

@@ -5,13 +5,16 @@ dofile(debug.getinfo(1, "S").source:match("^@(.*/)") .. "common.lua")
 
 local burst = 5
 local n = 0
+local key
 
 function init(args)
 	bench.args(args)
 end
 
 function request()
-	local key = bench.tag .. "-" .. tid .. "-" .. math.floor(n / burst)
+	if n % burst == 0 then
+		key = bench.fresh_key(n / burst)
+	end
 	n = n + 1
 	return bench.post(key)
 end

@@ -9,5 +9,5 @@ end
 
 function request()
 	n = n + 1
-	return bench.post(bench.tag .. "-" .. tid .. "-" .. n)
+	return bench.post(bench.fresh_key(n))
 end

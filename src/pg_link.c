@@ -1,0 +1,108 @@
+#include "pg_link.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+void pg_link_init(pg_link *l, const char *url, const char *app,
+		  int64_t statement_timeout_ms)
+{
+	memset(l, 0, sizeof *l);
+	l->url = xstrdup(url);
+	l->app = app;
+	l->statement_timeout_ms = statement_timeout_ms;
+}
+
+void pg_link_close(pg_link *l)
+{
+	if (l->conn)
+		PQfinish(l->conn);
+	l->conn = NULL;
+	free(l->url);
+	l->url = NULL;
+}
+
+void pg_link_err(char *err, size_t errlen, const char *what,
+		 const char *pgmsg)
+{
+	char msg[512];
+	snprintf(msg, sizeof msg, "%s", pgmsg ? pgmsg : "");
+	/* libpq messages end with a newline; keep log lines whole. */
+	for (char *p = msg; *p; p++)
+		if (*p == '\n' || *p == '\r')
+			*p = (p[1] ? ' ' : '\0');
+	snprintf(err, errlen, "%s: %s", what, msg);
+}
+
+/* Transitions are logged once, not once per request during an outage. */
+static void mark_down(pg_link *l, const char *why)
+{
+	if (!l->down)
+		log_error("store connection lost", "who=%s %s", l->app, why);
+	l->down = true;
+}
+
+static void quiet_notices(void *arg, const char *msg)
+{
+}
+
+void pg_link_quiet(PGconn *c)
+{
+	PQsetNoticeProcessor(c, quiet_notices, NULL);
+}
+
+int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
+{
+	if (fresh)
+		*fresh = false;
+	if (l->conn)
+		return 0;
+	/* Our defaults first; the expanded URL (last) overrides any of them. */
+	const char *keys[] = {"connect_timeout", "keepalives",
+			      "keepalives_idle", "keepalives_interval",
+			      "keepalives_count", "tcp_user_timeout",
+			      "application_name", "dbname", NULL};
+	const char *vals[] = {"3", "1", "10", "5", "3", "10000", l->app,
+			      l->url, NULL};
+	PGconn *c = PQconnectdbParams(keys, vals, 1);
+	if (!c || PQstatus(c) != CONNECTION_OK) {
+		pg_link_err(err, errlen, "connect",
+			    c ? PQerrorMessage(c) : "out of memory");
+		if (c)
+			PQfinish(c);
+		mark_down(l, err);
+		return -1;
+	}
+	pg_link_quiet(c);
+	char sql[64];
+	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
+		 (long long)l->statement_timeout_ms);
+	PGresult *r = PQexec(c, sql);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+		pg_link_err(err, errlen, "set", PQresultErrorMessage(r));
+		PQclear(r);
+		PQfinish(c);
+		mark_down(l, err);
+		return -1;
+	}
+	PQclear(r);
+	l->conn = c;
+	if (l->down)
+		log_info("store connection re-established", "who=%s", l->app);
+	l->down = false;
+	if (fresh)
+		*fresh = true;
+	return 0;
+}
+
+bool pg_link_drop_if_broken(pg_link *l)
+{
+	if (!l->conn || PQstatus(l->conn) == CONNECTION_OK)
+		return false;
+	mark_down(l, PQerrorMessage(l->conn));
+	PQfinish(l->conn);
+	l->conn = NULL;
+	return true;
+}

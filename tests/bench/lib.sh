@@ -1,0 +1,104 @@
+# Helpers shared by run.sh (`make bench`) and profile.sh
+# (`make bench-profile`); sourced, with ROOT as the working directory and
+# BIN, OUT, LOGS, HERE, TMP and PYTHON set.
+
+die() {
+	echo "bench: $*" >&2
+	exit 1
+}
+
+note() {
+	printf 'bench: [%3ds] %s\n' $((SECONDS - START_S)) "$*" >&2
+}
+
+stop_pid() {
+	local pid=$1 sig=${2:-TERM}
+	[ -n "$pid" ] || return 0
+	kill "-$sig" "$pid" 2>/dev/null || return 0
+	for _ in $(seq 100); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+}
+
+free_port() {
+	"$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_http URL WHAT [TENTHS]: until URL answers 2xx (default 10 s).
+wait_http() {
+	local url=$1 what=$2
+	for _ in $(seq "${3:-100}"); do
+		curl -fsS -o /dev/null "$url" 2>/dev/null && return 0
+		sleep 0.1
+	done
+	die "$what did not answer at $url"
+}
+
+# ---- the services -------------------------------------------------------
+
+# start_pg SETTINGS: a cluster in TMP/pg with these server settings; sets
+# PG_DIR, PGPORT and DB_URL.
+start_pg() {
+	PG_DIR=$TMP/pg
+	export PGPORT
+	PGPORT=$(free_port)
+	DB_URL=$(PG_LOCAL_OPTS="$1 -c max_connections=300" \
+		scripts/pg-local.sh start "$PG_DIR" 2>"$LOGS/pg-local.log") ||
+		{ cat "$LOGS/pg-local.log" >&2; die "PostgreSQL did not start"; }
+}
+
+# Sets STUB_PID, STUB_PORT, STUB and STUB_DUMP (where POST /__stub/dump
+# writes the counts per key).
+start_stub() {
+	STUB_DUMP=$TMP/upstream-counts.txt
+	"$BIN/stub_upstream" --threads 2 --dump "$STUB_DUMP" \
+		>"$TMP/stub.out" 2>"$LOGS/stub.log" &
+	STUB_PID=$!
+	for _ in $(seq 50); do
+		[ -s "$TMP/stub.out" ] && break
+		sleep 0.1
+	done
+	STUB_PORT=$(head -n 1 "$TMP/stub.out")
+	[ -n "$STUB_PORT" ] || die "the stub upstream did not start (see $LOGS/stub.log)"
+	STUB=http://127.0.0.1:$STUB_PORT
+}
+
+stub_ctl() {
+	local method=$1 what=$2
+	curl -fsS -X "$method" "$STUB/__stub/$what"
+}
+
+# One file, so that a SIGHUP makes the running proxy read a new level.
+write_conf() {
+	local level=$1 conf=$TMP/idemproxy.conf
+	sed -e "s#@LISTEN@#127.0.0.1:$PROXY_PORT#" \
+		-e "s#@ADMIN@#127.0.0.1:$ADMIN_PORT#" \
+		-e "s#@DB_URL@#$DB_URL#" -e "s#@UPSTREAM@#$STUB#" \
+		-e "s/@WORKERS@/$WORKERS/" -e "s/@LOG_LEVEL@/$level/" \
+		"$HERE/idemproxy.conf.in" >"$conf"
+	echo "$conf"
+}
+
+# start_proxy LEVEL [WRAPPER...]: idemproxy on PROXY_PORT (admin
+# ADMIN_PORT), under WRAPPER (valgrind) when given; sets PROXY_PID, PROXY and
+# ADMIN.
+start_proxy() {
+	local level=$1 conf
+	shift
+	conf=$(write_conf "$level")
+	"$BIN/idemproxy" -c "$conf" --check >/dev/null || die "$conf does not pass --check"
+	"$@" "$BIN/idemproxy" -c "$conf" 2>>"$LOGS/idemproxy.log" &
+	PROXY_PID=$!
+	PROXY=http://127.0.0.1:$PROXY_PORT
+	ADMIN=http://127.0.0.1:$ADMIN_PORT
+	wait_http "$ADMIN/readyz" idemproxy "${PROXY_WAIT_TENTHS:-100}"
+}
+
+migrate() {
+	"$BIN/idemproxy" -c "$(write_conf warn)" --migrate >"$LOGS/migrate.log" 2>&1 ||
+		{ cat "$LOGS/migrate.log" >&2; die "idemproxy --migrate failed"; }
+}
+

@@ -1,0 +1,489 @@
+#!/usr/bin/env bash
+# `make bench`: throughput and latency of idemproxy next to what bounds it,
+# measured in one run on this machine, so that ratios mean something even
+# when absolute numbers do not.
+#
+# Starts, each on a free port: a throwaway PostgreSQL with fsync and
+# synchronous_commit on (scripts/pg-local.sh), the C stub upstream
+# (tests/bench/stub_upstream.c), nginx as a plain keep-alive reverse proxy in
+# front of the same stub, and idemproxy (build-bench/bin, -O2). wrk drives
+# each with the Lua scripts beside this file; pgbench runs exactly the
+# statements idemproxy sends for a first attempt (and for a replay) against
+# the same database. After every idemproxy run the stub's counts prove that
+# no key reached the upstream twice and that every forward reached it once;
+# a violation fails the bench (exit 1) after the table is written.
+#
+# The runs whose ratio is a target are cut into halves and interleaved
+# (A B A B): the rest of the machine's load, and PostgreSQL's fsync latency
+# with it, drift over seconds, and both sides of a ratio should see the same
+# drift. Each row's percentiles come from the merged latency histograms of
+# its slices (wrk's, and pgbench's per-transaction log).
+#
+# Output: the table on stdout and in build-bench/results.md; per-run data in
+# build-bench/data/; each tool's output in build-bench/logs/bench/.
+#
+# Environment: BENCH_DURATION (seconds per run, default 8), BENCH_WORKERS
+# (idemproxy workers, default 16), BENCH_WIDE (the wide concurrency, default
+# 64; empty skips those runs), BENCH_RSS_MAX_S (time allowed for the memory
+# check's 200,000 requests, default 120).
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd -P)
+OUT=${BENCH_OUT:-build-bench}
+BIN=${BENCH_BIN:-$OUT/bin}
+DUR=${BENCH_DURATION:-8}
+WORKERS=${BENCH_WORKERS:-16}
+WIDE=${BENCH_WIDE-64}
+RSS_MAX_S=${BENCH_RSS_MAX_S:-120}
+RSS_COUNTS="20000 50000 100000 150000 200000"
+PYTHON=/usr/bin/python3
+[ -x "$PYTHON" ] || PYTHON=python3
+HERE=tests/bench
+LOGS=$OUT/logs/bench
+DATA=$OUT/data
+ROWS=$DATA/rows.tsv
+TAG=b$(date +%s)
+
+TMP=""
+PG_DIR=""
+STUB_PID=""
+PROXY_PID=""
+NGINX_PID=""
+WRK_PID=""
+FAILURES=()
+START_S=$SECONDS
+
+# shellcheck source=tests/bench/lib.sh
+. "$HERE/lib.sh"
+
+fail() {
+	echo "bench: CHECK FAILED: $*" >&2
+	FAILURES+=("$*")
+}
+
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	set +e
+	stop_pid "$WRK_PID" INT
+	stop_pid "$PROXY_PID"
+	stop_pid "$NGINX_PID" QUIT
+	stop_pid "$STUB_PID"
+	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
+	[ -z "$TMP" ] || rm -rf "$TMP"
+	exit "$rc"
+}
+
+# ---- the services -------------------------------------------------------
+
+start_nginx() {
+	local dir=$TMP/nginx
+	NGINX_PORT=$(free_port)
+	mkdir -p "$dir"
+	chmod 755 "$dir"
+	sed -e "s#@PREFIX@#$dir#g" -e "s/@PORT@/$NGINX_PORT/" \
+		-e "s/@UPSTREAM_PORT@/$STUB_PORT/" -e "s/@WORKERS@/auto/" \
+		"$HERE/nginx.conf.in" >"$dir/nginx.conf"
+	nginx -p "$dir/" -c "$dir/nginx.conf" -g 'daemon off;' \
+		>"$LOGS/nginx.log" 2>&1 &
+	NGINX_PID=$!
+	NGINX=http://127.0.0.1:$NGINX_PORT
+	wait_http "$NGINX/__stub/stats" nginx
+}
+
+restart_proxy() {
+	stop_pid "$PROXY_PID"
+	PROXY_PID=""
+	start_proxy "$1"
+}
+
+# Switches the running proxy's log level (a SIGHUP reload), so that the two
+# levels are compared on one warm process.
+set_log_level() {
+	local level=$1 before
+	write_conf "$level" >/dev/null
+	before=$(grep -c 'configuration reloaded' "$LOGS/idemproxy.log" || true)
+	kill -HUP "$PROXY_PID"
+	# The reload is logged at info: at warn, give it a moment instead.
+	for _ in $(seq 50); do
+		[ "$(grep -c 'configuration reloaded' "$LOGS/idemproxy.log" || true)" -gt "$before" ] && return 0
+		sleep 0.1
+	done
+	[ "$level" = info ] && die "idemproxy did not reload its configuration"
+	return 0
+}
+
+# ---- what the proxy counted ---------------------------------------------
+
+# The sum of idemproxy_requests_total, or of one outcome when given.
+requests_total() {
+	local outcome=${1:-}
+	curl -fsS "$ADMIN/metrics" | awk -v o="$outcome" '
+		/^idemproxy_requests_total\{/ {
+			if (o == "" || index($0, "outcome=\"" o "\"")) s += $NF
+		}
+		END { printf "%d\n", s }'
+}
+
+# Requests still in flight when wrk stopped finish within milliseconds:
+# wait until the counters stand still.
+settle() {
+	local a b
+	a=$(requests_total)
+	for _ in $(seq 100); do
+		sleep 0.1
+		b=$(requests_total)
+		[ "$a" = "$b" ] && return 0
+		a=$b
+	done
+	note "idemproxy did not settle"
+}
+
+# Sets B_NAME for each NAME=value of a wrk result line (without forking:
+# on a loaded machine every process costs tens of milliseconds).
+parse_bench() {
+	local kv
+	for kv in ${1#BENCH }; do
+		printf -v "B_${kv%%=*}" '%s' "${kv#*=}"
+	done
+}
+
+# Sets S_NAME for each "NAME":number of the stub's flat JSON object.
+parse_stub() {
+	local s=${1//[\{\}\"]/} kv parts
+	IFS=, read -ra parts <<<"$s"
+	for kv in "${parts[@]}"; do
+		printf -v "S_${kv%%:*}" '%s' "${kv#*:}"
+	done
+}
+
+rss_kb() {
+	awk '/^VmRSS:/ { print $2 }' "/proc/$PROXY_PID/status"
+}
+
+# ---- the rows -----------------------------------------------------------
+
+# A row of the table is one ID: ID.sum holds one "requests duration_us
+# errors" line per slice, ID.hist its latencies ("microseconds count").
+# report.py turns them into req/s, p50, p99 and mean. Nothing is kept while
+# RECORD is 0 (warm-up).
+RECORD=1
+
+# register ID SCENARIO TARGET CONNS: the row's label, once.
+register() {
+	[ "$RECORD" = 1 ] || return 0
+	grep -q "^$1	" "$ROWS" 2>/dev/null ||
+		printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$ROWS"
+}
+
+# wrk_run ID SCENARIO TARGET URL SCRIPT CONNS THREADS TAG: one slice. Sets
+# W_REQUESTS, W_STATUS (answers >= 400) and W_ERRORS (all errors).
+wrk_run() {
+	local id=$1 scenario=$2 target=$3 url=$4 script=$5 conns=$6 threads=$7
+	local tag=$8 line hist=/dev/null log=$LOGS/$1.txt
+	note "$id: $scenario, $target, $conns connection(s), ${DUR}s"
+	[ "$RECORD" = 0 ] || hist=$DATA/$id.hist
+	BENCH_HIST=$hist wrk -t"$threads" -c"$conns" -d"${DUR}s" --timeout 10s \
+		-s "$HERE/$script" "$url" -- "$tag" >>"$log" 2>&1 ||
+		die "wrk failed (see $log)"
+	line=$(grep '^BENCH ' "$log" | tail -n 1 || true)
+	[ -n "$line" ] || die "wrk printed no result (see $log)"
+	parse_bench "$line"
+	W_REQUESTS=$B_requests
+	W_STATUS=$B_status
+	W_ERRORS=$((B_status + B_connect + B_read + B_write + B_timeout))
+	register "$id" "$scenario" "$target" "$conns"
+	[ "$RECORD" = 0 ] ||
+		echo "$W_REQUESTS $B_duration_us $W_ERRORS" >>"$DATA/$id.sum"
+}
+
+# What the upstream saw since the last reset (its counts per key in
+# STUB_DUMP, for a failed check to show), then a fresh reset.
+stub_take() {
+	STUB_STATS=$(stub_ctl POST dump)
+	stub_ctl POST reset >/dev/null
+	parse_stub "$STUB_STATS"
+	S_REQUESTS=$S_requests S_KEYS=$S_keys S_MAX=$S_max
+	S_DUPS=$S_duplicated_keys S_NOKEY=$S_no_key
+}
+
+# A slice through idemproxy, then the proof that nothing was sent twice.
+# proxy_run ID KIND(fresh|replay|burst) CONNS THREADS [TAG] [LABEL]
+SEQ=0
+proxy_run() {
+	SEQ=$((SEQ + 1))
+	local id=$1 kind=$2 conns=$3 threads=$4 tag=${5:-$TAG-$1-$SEQ}
+	local label=${6:-} scenario fwd0 fwd
+	case "$kind" in
+	fresh) scenario="fresh keys" ;;
+	replay) scenario="replays of one key" ;;
+	burst) scenario="bursts of 5 duplicates" ;;
+	esac
+	[ -z "$label" ] || scenario="$scenario, $label"
+	stub_take
+	fwd0=$(requests_total forwarded)
+	wrk_run "$id" "$scenario" idemproxy "$PROXY" "$kind.lua" "$conns" \
+		"$threads" "$tag"
+	settle
+	fwd=$(($(requests_total forwarded) - fwd0))
+	stub_take
+	check_exactly_once "$id" "$kind" "$conns" "$fwd"
+}
+
+check_exactly_once() {
+	local id=$1 kind=$2 conns=$3 fwd=$4
+	local what="$id ($kind, $conns conns)" n=${#FAILURES[@]}
+	note "$id: upstream saw $STUB_STATS; idemproxy forwarded $fwd"
+	[ "$W_STATUS" = 0 ] || fail "$what: $W_STATUS answers >= 400"
+	[ "$S_DUPS" = 0 ] || fail "$what: $S_DUPS keys reached the upstream more than once (max $S_MAX)"
+	[ "$S_NOKEY" = 0 ] || fail "$what: $S_NOKEY requests reached the upstream without a key"
+	[ "$S_REQUESTS" = "$fwd" ] || fail "$what: idemproxy counted $fwd forwards, the upstream saw $S_REQUESTS requests"
+	case "$kind" in
+	fresh)
+		# Every completed request was a first attempt; up to one per
+		# connection was still in flight when wrk stopped.
+		[ "$S_KEYS" -ge "$W_REQUESTS" ] && [ "$S_KEYS" -le $((W_REQUESTS + conns)) ] ||
+			fail "$what: $W_REQUESTS answers but $S_KEYS keys upstream"
+		;;
+	burst)
+		[ $((S_KEYS * 5)) -ge "$W_REQUESTS" ] &&
+			[ $((S_KEYS * 5)) -le $((W_REQUESTS + 10 * conns)) ] ||
+			fail "$what: $W_REQUESTS answers but $S_KEYS keys upstream"
+		;;
+	replay)
+		[ "$S_REQUESTS" = 0 ] || fail "$what: a replay reached the upstream"
+		;;
+	esac
+	[ "${#FAILURES[@]}" = "$n" ] && return 0
+	cp "$STUB_DUMP" "$LOGS/$id.upstream-counts.txt"
+	echo "bench: $id: the keys the upstream saw most often (count, key):" >&2
+	sort -rn "$STUB_DUMP" | head -n 5 | sed 's/^/    /' >&2
+	echo "bench: all counts: $LOGS/$id.upstream-counts.txt" >&2
+}
+
+# Completes the first attempt of KEY so that a run can replay it.
+prime() {
+	local key=$1 body
+	body='{"amount": 1000, "currency": "eur", "description": "bench"}'
+	curl -fsS -o /dev/null -X POST "$PROXY/v1/payments" -H "Idempotency-Key: $key" \
+		-H 'Content-Type: application/json' -d "$body" ||
+		die "priming key $key failed"
+	curl -fsS -D - -o /dev/null -X POST "$PROXY/v1/payments" \
+		-H "Idempotency-Key: $key" -H 'Content-Type: application/json' \
+		-d "$body" | grep -qi '^Idempotent-Replayed: true' ||
+		die "key $key is not replayed after its first attempt"
+}
+
+# replay_run ID CONNS THREADS: replays of a key primed for this slice.
+replay_run() {
+	SEQ=$((SEQ + 1))
+	local key=$TAG-$1-$SEQ
+	prime "$key"
+	proxy_run "$1" replay "$2" "$3" "$key"
+}
+
+# Records in the store, and those not completed, as "ALL NOT_COMPLETED".
+store_counts() {
+	psql -X -qAt -F ' ' -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
+		"SELECT count(*), count(*) FILTER (WHERE state <> 'completed')
+		   FROM idempotency_records"
+}
+
+# pgbench_run ID CONNS RUN: the claim and record statements of a first
+# attempt, one slice; RUN keeps the keys of one slice apart from another's.
+pgbench_run() {
+	local id=$1 conns=$2 run=$3 before after
+	before=$(store_counts)
+	pgbench_exec "$id" "$conns" claim_record.sql -D run="$run" -D n=0
+	after=$(store_counts)
+	# Each transaction claimed a new key and recorded its response.
+	local new=$((${after% *} - ${before% *})) open=$((${after#* } - ${before#* }))
+	note "$id: $P_N transactions, $new new records, $open left open"
+	[ "$new" -ge "$P_N" ] && [ "$open" = 0 ] ||
+		fail "$id: $P_N transactions made $new records, $open of them not completed"
+	register "$id" "claim+record (pgbench)" pgbench "$conns"
+}
+
+# pgbench_replay_run ID CONNS: the claim of a replay of a key that
+# claim_record.sql completed (its hash is that script's constant).
+pgbench_replay_run() {
+	local key
+	key=$(psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
+		"SELECT idem_key FROM idempotency_records
+		  WHERE state = 'completed' AND operation = 'create_payment'
+		    AND request_hash = '\\x9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08'
+		  LIMIT 1")
+	[ -n "$key" ] || die "no completed record to replay"
+	pgbench_exec "$1" "$2" replay_claim.sql -D key="$key"
+	register "$1" "replay claim (pgbench)" pgbench "$2"
+}
+
+# pgbench_exec ID CONNS SCRIPT [ARGS...]: one slice; sets P_N.
+pgbench_exec() {
+	local id=$1 conns=$2 script=$3 log=$LOGS/$1.txt threads failed tps
+	shift 3
+	threads=$((conns < 2 ? conns : 2))
+	note "$id: $script, pgbench, $conns client(s), ${DUR}s"
+	rm -f "$TMP"/pgb.*
+	(cd "$TMP" && pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n -M prepared \
+		-c "$conns" -j "$threads" -T "$DUR" "$@" \
+		-f "$ROOT/$HERE/$script" -l --log-prefix=pgb idemproxy) \
+		>>"$log" 2>&1 || die "pgbench failed (see $log)"
+	P_N=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$log" | tail -n 1)
+	failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$log" | tail -n 1)
+	tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log" | tail -n 1)
+	[ -n "$P_N" ] && [ -n "$tps" ] || die "cannot read pgbench's result (see $log)"
+	[ "${failed:-0}" = 0 ] || fail "$id: pgbench had $failed failed transactions"
+	# The time the transactions took, without pgbench's connection set-up
+	# (forking 16 backends is not the store's throughput).
+	echo "$P_N $(awk -v n="$P_N" -v t="$tps" 'BEGIN { printf "%.0f", n / t * 1e6 }') ${failed:-0}" \
+		>>"$DATA/$id.sum"
+	# The per-transaction log's third column is the latency in microseconds.
+	cat "$TMP"/pgb.* | awk '{ print $3, 1 }' >>"$DATA/$id.hist"
+}
+
+# ---- the memory check ---------------------------------------------------
+
+# A fresh idemproxy under the mixed load; VmRSS when its request counter
+# passes each of RSS_COUNTS.
+rss_run() {
+	local tag=$TAG-mix targets=($RSS_COUNTS) i=0 total rss fwd0 fwd pass0 pass
+	restart_proxy warn
+	prime "$tag-hot"
+	stub_take
+	fwd0=$(requests_total forwarded)
+	pass0=$(requests_total passthrough)
+	note "rss: mixed load, 16 connections, until ${targets[-1]} requests (at most ${RSS_MAX_S}s)"
+	: >"$DATA/rss.tsv"
+	wrk -t2 -c16 -d"${RSS_MAX_S}s" --timeout 10s -s "$HERE/mixed.lua" \
+		"$PROXY" -- "$tag" >"$LOGS/rss.txt" 2>&1 &
+	WRK_PID=$!
+	while kill -0 "$WRK_PID" 2>/dev/null && [ "$i" -lt "${#targets[@]}" ]; do
+		total=$(requests_total)
+		if [ "$total" -ge "${targets[$i]}" ]; then
+			rss=$(rss_kb)
+			printf '%s\t%s\t%s\n' "${targets[$i]}" "$total" "$rss" >>"$DATA/rss.tsv"
+			note "rss: $rss kB after $total requests"
+			i=$((i + 1))
+			continue
+		fi
+		sleep 0.1
+	done
+	stop_pid "$WRK_PID" INT
+	WRK_PID=""
+	settle
+	fwd=$(($(requests_total forwarded) - fwd0))
+	pass=$(($(requests_total passthrough) - pass0))
+	stub_take
+	note "rss: upstream saw $STUB_STATS; idemproxy forwarded $fwd, passed $pass through"
+	[ "$S_DUPS" = 0 ] || fail "rss: $S_DUPS keys reached the upstream more than once (max $S_MAX)"
+	[ "$S_KEYS" = "$fwd" ] || fail "rss: idemproxy counted $fwd forwards, the upstream saw $S_KEYS keys"
+	[ "$S_NOKEY" = "$pass" ] || fail "rss: idemproxy passed $pass requests through, the upstream saw $S_NOKEY without a key"
+	[ "$i" -eq "${#targets[@]}" ] ||
+		note "rss: only $(requests_total) requests in ${RSS_MAX_S}s"
+}
+
+# ---- main ---------------------------------------------------------------
+
+warm_up() {
+	local dur=$DUR
+	DUR=2
+	RECORD=0
+	proxy_run warmup fresh 16 2
+	wrk_run warmup-nginx "warm-up" nginx "$NGINX" fresh.lua 16 2 "$TAG-wn"
+	RECORD=1
+	DUR=$dur
+	stub_take
+}
+
+# The pairs (and triples) whose ratios are targets, in interleaved halves.
+target_runs() {
+	local dur=$DUR s
+	DUR=$(((dur + 1) / 2))
+	for s in 1 2; do
+		wrk_run direct-c1 "fresh keys, no proxy" "stub (direct)" "$STUB" fresh.lua 1 1 "$TAG-d1-$s"
+		pgbench_run pgbench-c1 1 "1$s"
+		proxy_run fresh-c1 fresh 1 1
+	done
+	for s in 1 2; do
+		pgbench_run pgbench-c16 16 "2$s"
+		proxy_run fresh-c16 fresh 16 2
+	done
+	stub_take
+	for s in 1 2; do
+		wrk_run nginx-replay-c16 "replays of one key" nginx "$NGINX" replay.lua 16 2 "$TAG-nr16"
+		replay_run replay-c16 16 2
+		# The store's own limit for replays.
+		pgbench_replay_run pgbench-replay-c16 16
+	done
+	DUR=$dur
+}
+
+other_runs() {
+	wrk_run nginx-fresh-c1 "fresh keys" nginx "$NGINX" fresh.lua 1 1 "$TAG-n1"
+	wrk_run nginx-fresh-c16 "fresh keys" nginx "$NGINX" fresh.lua 16 2 "$TAG-n16"
+	replay_run replay-c1 1 1
+	# One connection per wrk thread, so a burst is in a row per connection.
+	proxy_run burst-c1 burst 1 1
+	proxy_run burst-c16 burst 16 16
+	if [ -n "$WIDE" ]; then
+		proxy_run "fresh-c$WIDE" fresh "$WIDE" 2
+		replay_run "replay-c$WIDE" "$WIDE" 2
+	fi
+	stub_take
+}
+
+main() {
+	for tool in wrk nginx pgbench psql curl; do
+		command -v "$tool" >/dev/null 2>&1 || die "$tool is missing: run \`make bench-deps\`"
+	done
+	[ -x "$BIN/idemproxy" ] && [ -x "$BIN/stub_upstream" ] || die "run \`make bench\` (it builds $BIN first)"
+	rm -rf "$LOGS" "$DATA"
+	rm -f "$OUT/results.md"
+	mkdir -p "$LOGS" "$DATA"
+	TMP=$(mktemp -d /tmp/idemproxy-bench.XXXXXX)
+	# PostgreSQL runs as postgres and nginx's workers drop root: both must
+	# reach their directories inside.
+	chmod 755 "$TMP"
+	trap cleanup EXIT
+	trap 'exit 130' INT
+	trap 'exit 143' TERM
+
+	LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
+	note "machine: $(nproc) cpus, load average $LOAD_START"
+	# Production-like durability: every commit waits for its WAL flush.
+	start_pg "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+	start_stub
+	start_nginx
+	PROXY_PORT=$(free_port)
+	ADMIN_PORT=$(free_port)
+	migrate
+	start_proxy warn
+	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers"
+
+	warm_up
+	target_runs
+	other_runs
+	rss_run
+	# What a log line per request costs: the same run at both levels, back
+	# to back on the process the memory check warmed up.
+	proxy_run fresh-c16-warn fresh 16 2 "$TAG-warn" "log_level warn (pair)"
+	set_log_level info
+	proxy_run fresh-c16-info fresh 16 2 "$TAG-info" "log_level info (pair)"
+
+	local elapsed=$((SECONDS - START_S))
+	"$PYTHON" "$HERE/report.py" --data "$DATA" --out "$OUT/results.md" \
+		--workers "$WORKERS" --duration "$DUR" --elapsed "$elapsed" \
+		--cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
+		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")"
+	if [ "${#FAILURES[@]}" -gt 0 ]; then
+		echo >&2
+		for f in "${FAILURES[@]}"; do
+			echo "bench: CHECK FAILED: $f" >&2
+		done
+		die "${#FAILURES[@]} check(s) failed"
+	fi
+}
+
+main "$@"
