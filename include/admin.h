@@ -21,6 +21,11 @@ typedef struct admin_opts {
 	 * read from it on every request, so a reload can change it. */
 	config *(*get_config)(void *arg);
 	void *arg;
+	/* Called after a record was released or purged, so this process
+	 * forgets anything it cached about the key. May be NULL. */
+	void (*forget)(void *arg, const char *tenant, const char *operation,
+		       const char *key);
+	void *forget_arg;
 } admin_opts;
 
 admin *admin_start(const admin_opts *o, char *err, size_t errlen) IP_WUR;

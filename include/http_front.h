@@ -19,6 +19,10 @@ typedef struct front_opts {
 	config *(*get_config)(void *arg); /* returns a new reference */
 	bool (*submit)(void *arg, job *j); /* false: queue full */
 	void *arg;
+	/* Tried on the event thread before submit: true when it answered
+	 * the job itself (response filled, request accounted). May be NULL. */
+	bool (*fast)(void *arg, job *j);
+	void *fast_arg;
 } front_opts;
 
 typedef struct http_front http_front;

@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config.h"
 #include "util.h"
@@ -42,6 +43,11 @@ typedef struct job {
 	char client_ip[64];
 	char request_id[64];
 	double t_start_ms;
+
+	/* what the proxy decided about it, once planned (idem.h) */
+	struct idem_plan *plan;
+	uint8_t fp[32];
+	bool has_fp;
 
 	/* response */
 	int status;

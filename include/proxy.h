@@ -4,14 +4,25 @@
 #ifndef IDEMPROXY_PROXY_H
 #define IDEMPROXY_PROXY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "job.h"
 
+struct replay_cache;
+
 typedef struct proxy_shared {
 	const char *db_url;
 	int64_t statement_timeout_ms;
+	struct replay_cache *cache; /* NULL: no replay cache */
 } proxy_shared;
+
+/* Runs on the front end's event thread before a job is queued: answers at
+ * once what needs neither the store nor the upstream (rejections, replays
+ * found in the replay cache) and returns true; otherwise returns false and
+ * the job goes to a worker (keeping the plan and fingerprint made here).
+ * arg is a proxy_shared. */
+bool proxy_fast_path(void *arg, job *j);
 
 /* worker_ops callbacks: arg is a proxy_shared, items are jobs. */
 void *proxy_worker_init(void *arg, int index);

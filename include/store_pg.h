@@ -45,6 +45,8 @@ typedef struct claim_result {
 	uint8_t owner[STORE_TOKEN_LEN]; /* FORWARD / TAKEOVER */
 	int attempt;
 	int64_t lease_left_ms;          /* IN_FLIGHT */
+	int64_t expires_in_ms;          /* FORWARD, TAKEOVER, REPLAY: until the
+					   record expires */
 	/* REPLAY: pointers into res, valid until claim_result_clear */
 	int status;
 	const char *headers;

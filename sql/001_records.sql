@@ -47,12 +47,13 @@ CREATE FUNCTION idem_claim(p_tenant text, p_operation text, p_key text,
                            p_hold boolean)
 RETURNS TABLE (o_decision text, o_owner uuid, o_attempt integer,
                o_lease_ms bigint, o_status integer, o_headers text,
-               o_body bytea, o_replayable boolean)
+               o_body bytea, o_replayable boolean, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     r         idempotency_records%ROWTYPE;
     v_owner   uuid;
     v_attempt integer;
+    v_expires timestamptz;
     v_lease   interval := p_lease_ms * interval '1 millisecond';
     v_ttl     interval := p_ttl_ms * interval '1 millisecond';
 BEGIN
@@ -73,7 +74,8 @@ BEGIN
             ON CONFLICT DO NOTHING;
             IF FOUND THEN
                 RETURN QUERY SELECT 'forward'::text, v_owner, 1, p_lease_ms,
-                    NULL::integer, NULL::text, NULL::bytea, NULL::boolean;
+                    NULL::integer, NULL::text, NULL::bytea, NULL::boolean,
+                    p_ttl_ms;
                 RETURN;
             END IF;
             CONTINUE;   -- a concurrent attempt inserted first: read it
@@ -95,7 +97,8 @@ BEGIN
                AND t.expires_at <= now();
             IF FOUND THEN
                 RETURN QUERY SELECT 'forward'::text, v_owner, 1, p_lease_ms,
-                    NULL::integer, NULL::text, NULL::bytea, NULL::boolean;
+                    NULL::integer, NULL::text, NULL::bytea, NULL::boolean,
+                    p_ttl_ms;
                 RETURN;
             END IF;
             CONTINUE;
@@ -103,27 +106,31 @@ BEGIN
 
         IF r.request_hash <> p_hash THEN
             RETURN QUERY SELECT 'mismatch'::text, NULL::uuid, r.attempt,
-                0::bigint, NULL::integer, NULL::text, NULL::bytea, NULL::boolean;
+                0::bigint, NULL::integer, NULL::text, NULL::bytea, NULL::boolean,
+                0::bigint;
             RETURN;
         END IF;
 
         IF r.state = 'completed' THEN
             RETURN QUERY SELECT 'replay'::text, NULL::uuid, r.attempt, 0::bigint,
                 r.response_status, r.response_headers, r.response_body,
-                r.replayable;
+                r.replayable,
+                floor(extract(epoch FROM r.expires_at - now()) * 1000)::bigint;
             RETURN;
         END IF;
 
         IF r.state = 'processing' AND r.lease_until > now() THEN
             RETURN QUERY SELECT 'in_flight'::text, NULL::uuid, r.attempt,
                 ceil(extract(epoch FROM r.lease_until - now()) * 1000)::bigint,
-                NULL::integer, NULL::text, NULL::bytea, NULL::boolean;
+                NULL::integer, NULL::text, NULL::bytea, NULL::boolean,
+                0::bigint;
             RETURN;
         END IF;
 
         IF r.state = 'processing' AND r.hold_on_unknown THEN
             RETURN QUERY SELECT 'held'::text, NULL::uuid, r.attempt, 0::bigint,
-                NULL::integer, NULL::text, NULL::bytea, NULL::boolean;
+                NULL::integer, NULL::text, NULL::bytea, NULL::boolean,
+                0::bigint;
             RETURN;
         END IF;
 
@@ -136,11 +143,12 @@ BEGIN
          WHERE t.tenant = p_tenant AND t.operation = p_operation
            AND t.idem_key = p_key AND t.owner_token = r.owner_token
            AND t.state = r.state AND t.expires_at > now()
-        RETURNING t.attempt INTO v_attempt;
+        RETURNING t.attempt, t.expires_at INTO v_attempt, v_expires;
         IF FOUND THEN
             RETURN QUERY SELECT 'takeover'::text, v_owner, v_attempt,
                 p_lease_ms, NULL::integer, NULL::text, NULL::bytea,
-                NULL::boolean;
+                NULL::boolean,
+                floor(extract(epoch FROM v_expires - now()) * 1000)::bigint;
             RETURN;
         END IF;
     END LOOP;

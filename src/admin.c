@@ -31,6 +31,9 @@ struct admin {
 	 * the process started with, which a reload frees. */
 	config *(*get_config)(void *arg);
 	void *arg;
+	void (*forget)(void *arg, const char *tenant, const char *operation,
+		       const char *key);
+	void *forget_arg;
 	store_admin *st;
 	pthread_mutex_t mu;
 };
@@ -318,6 +321,8 @@ static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
 		return problem(conn, 404, "not_found",
 			       "no record for this tenant, operation and key");
 	}
+	if (a->forget)
+		a->forget(a->forget_arg, k->part[0], k->part[1], k->part[2]);
 	const char *done = action == ADMIN_DEL_RELEASED ? "released" : "purged";
 	log_action(who, "DELETE", k, done);
 	json_t *o = json_object();
@@ -500,6 +505,8 @@ admin *admin_start(const admin_opts *o, char *err, size_t errlen)
 	admin *a = xcalloc(1, sizeof *a);
 	a->get_config = o->get_config;
 	a->arg = o->arg;
+	a->forget = o->forget;
+	a->forget_arg = o->forget_arg;
 	a->st = store_admin_new(o->db_url, o->statement_timeout_ms);
 	pthread_mutex_init(&a->mu, NULL);
 	unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD |

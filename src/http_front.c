@@ -280,6 +280,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 					  "max_request_body",
 					  0);
 		job *j = c->j;
+		if (f->o.fast && f->o.fast(f->o.fast_arg, j)) {
+			atomic_store(&c->stage, ST_ANSWERED);
+			return send_job_response(conn, j);
+		}
 		j->done = on_job_done;
 		j->front_ctx = c;
 		atomic_store(&c->stage, ST_WAITING);

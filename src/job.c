@@ -65,5 +65,6 @@ void job_free(job *j)
 	ip_buf_free(&j->resp_body);
 	free(j->tenant);
 	free(j->key);
+	free(j->plan);
 	free(j);
 }

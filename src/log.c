@@ -2,26 +2,30 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/time.h>
 #include <time.h>
 
-static enum log_level g_level = LOG_INFO;
-static bool g_json = true;
+/* Set again on reload while other threads log: atomic, relaxed (a line
+ * logged at the old level or format during a reload is fine). */
+static _Atomic int g_level = LOG_INFO;
+static atomic_bool g_json = true;
 
 static const char *level_names[] = {"error", "warn", "info", "debug"};
 
 void log_setup(enum log_level level, bool json)
 {
-	g_level = level;
-	g_json = json;
+	atomic_store_explicit(&g_level, (int)level, memory_order_relaxed);
+	atomic_store_explicit(&g_json, json, memory_order_relaxed);
 }
 
 bool log_enabled(enum log_level level)
 {
-	return level <= g_level;
+	return (int)level <=
+	       atomic_load_explicit(&g_level, memory_order_relaxed);
 }
 
 static void timestamp(char *out, size_t n)
@@ -37,7 +41,7 @@ static void timestamp(char *out, size_t n)
 /* One write(2)-sized fputs per line keeps lines from different threads whole. */
 static void emit(json_t *obj, const char *text)
 {
-	if (g_json) {
+	if (atomic_load_explicit(&g_json, memory_order_relaxed)) {
 		char *s = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER |
 					   JSON_REAL_PRECISION(10));
 		if (s) {
@@ -113,7 +117,7 @@ void log_request_line(const log_request *r)
 	json_object_set_new(o, "store_ms", json_real(ms3(r->store_ms)));
 	json_object_set_new(o, "total_ms", json_real(ms3(r->total_ms)));
 	ip_buf text = {0};
-	if (!g_json)
+	if (!atomic_load_explicit(&g_json, memory_order_relaxed))
 		ip_buf_printf(&text,
 			      "%s info  request id=%s route=%s method=%s "
 			      "path=%s tenant=%s key=%s outcome=%s status=%d "

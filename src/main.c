@@ -16,6 +16,7 @@
 #include "log.h"
 #include "proxy.h"
 #include "reaper.h"
+#include "replay_cache.h"
 #include "store_pg.h"
 #include "upstream.h"
 #include "worker.h"
@@ -40,6 +41,13 @@ static config *get_config(void *arg)
 static bool submit_job(void *arg, job *j)
 {
 	return worker_pool_submit(arg, j);
+}
+
+static void forget_cached(void *arg, const char *tenant,
+			  const char *operation, const char *key)
+{
+	replay_key k = {tenant, operation, key};
+	replay_cache_forget(arg, &k);
 }
 
 static void usage(FILE *out)
@@ -123,10 +131,8 @@ static void reload(const char *file)
 
 static int serve(config *cfg)
 {
-	if (check_schema(cfg))
-		return 1;
-	if (upstream_global_init()) {
-		fprintf(stderr, "idemproxy: libcurl init failed\n");
+	if (check_schema(cfg) || upstream_global_init()) {
+		config_unref(cfg);
 		return 1;
 	}
 	json_object_seed(0);
@@ -142,9 +148,29 @@ static int serve(config *cfg)
 
 	cfg_current = cfg;
 	char err[512];
-	proxy_shared shared = {cfg->db_url, cfg->statement_timeout_ms};
+	replay_cache *cache =
+		cfg->replay_cache_size > 0
+			? replay_cache_new((size_t)cfg->replay_cache_size)
+			: NULL;
+	proxy_shared shared = {cfg->db_url, cfg->statement_timeout_ms, cache};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
+	admin *adm = NULL;
+	if (cfg->admin_listen[0]) {
+		admin_opts ao = {
+			.listen = cfg->admin_listen,
+			.db_url = cfg->db_url,
+			.statement_timeout_ms = cfg->statement_timeout_ms,
+			.get_config = get_config,
+			.forget = cache ? forget_cached : NULL,
+			.forget_arg = cache,
+		};
+		adm = admin_start(&ao, err, sizeof err);
+		if (!adm) {
+			fprintf(stderr, "idemproxy: admin: %s\n", err);
+			goto fail;
+		}
+	}
 	worker_pool *pool =
 		worker_pool_start(cfg->workers, cfg->queue_size, &ops);
 	front_opts fo = {
@@ -155,25 +181,15 @@ static int serve(config *cfg)
 		.get_config = get_config,
 		.submit = submit_job,
 		.arg = pool,
+		.fast = proxy_fast_path,
+		.fast_arg = &shared,
 	};
 	http_front *front = http_front_start(&fo, err, sizeof err);
 	if (!front) {
 		fprintf(stderr, "idemproxy: %s\n", err);
-		return 1;
-	}
-	admin *adm = NULL;
-	if (cfg->admin_listen[0]) {
-		admin_opts ao = {
-			.listen = cfg->admin_listen,
-			.db_url = cfg->db_url,
-			.statement_timeout_ms = cfg->statement_timeout_ms,
-			.get_config = get_config,
-		};
-		adm = admin_start(&ao, err, sizeof err);
-		if (!adm) {
-			fprintf(stderr, "idemproxy: admin: %s\n", err);
-			return 1;
-		}
+		worker_pool_stop(pool);
+		admin_stop(adm);
+		goto fail;
 	}
 	reaper *rp = reaper_start(cfg->db_url, cfg->statement_timeout_ms,
 				  cfg->reaper_interval_ms, cfg->reaper_batch);
@@ -217,6 +233,7 @@ static int serve(config *cfg)
 	admin_stop(adm);
 	reaper_stop(rp);
 	worker_pool_stop(pool);
+	replay_cache_free(cache);
 	log_info("stopped", NULL);
 	pthread_mutex_lock(&cfg_mu);
 	config_unref(cfg_current);
@@ -224,6 +241,11 @@ static int serve(config *cfg)
 	pthread_mutex_unlock(&cfg_mu);
 	free(file);
 	return 0;
+fail:
+	replay_cache_free(cache);
+	cfg_current = NULL;
+	config_unref(cfg);
+	return 1;
 }
 
 int main(int argc, char **argv)

@@ -9,11 +9,13 @@
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
+#include "replay_cache.h"
 #include "store_pg.h"
 #include "upstream.h"
 
 typedef struct proxy_worker {
 	int index;
+	replay_cache *cache;
 	store *st;
 	upstream *up;
 	ip_buf scratch;
@@ -24,6 +26,7 @@ void *proxy_worker_init(void *arg, int index)
 	const proxy_shared *sh = arg;
 	proxy_worker *w = xcalloc(1, sizeof *w);
 	w->index = index;
+	w->cache = sh->cache;
 	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
 	w->up = upstream_new();
 	char err[256];
@@ -233,7 +236,40 @@ static void compute_fingerprint(const job *j, const route_cfg *r,
 	free(values);
 }
 
-static void replay(job *j, const claim_result *c)
+static void respond_replay(job *j, int status, const char *headers,
+			   size_t headers_len, const char *body,
+			   size_t body_len)
+{
+	j->outcome = "replayed";
+	j->status = status;
+	header_list_free(&j->resp_headers);
+	idem_decode_replay_headers(headers, headers_len, &j->resp_headers);
+	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true",
+			4);
+	ip_buf_reset(&j->resp_body);
+	ip_buf_append(&j->resp_body, body, body_len);
+}
+
+/* How long this process may trust a completed record from its cache. */
+static double cache_deadline(const job *j, int64_t expires_in_ms)
+{
+	int64_t ttl = j->cfg->replay_cache_ttl_ms;
+	return ip_now_ms() + (double)(expires_in_ms < ttl ? expires_in_ms : ttl);
+}
+
+static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
+		      int status, const char *headers, size_t headers_len,
+		      const char *body, size_t body_len, int64_t expires_in_ms)
+{
+	if (!w->cache || j->cfg->replay_cache_ttl_ms <= 0)
+		return;
+	replay_key k = {p->tenant, p->route->name, p->key};
+	replay_entry e = {j->fp, status, headers, headers_len, body, body_len};
+	replay_cache_put(w->cache, &k, &e, cache_deadline(j, expires_in_ms));
+}
+
+static void replay(proxy_worker *w, job *j, const idem_plan *p,
+		   const claim_result *c)
 {
 	if (!c->replayable) {
 		j->outcome = "not_replayable";
@@ -243,24 +279,21 @@ static void replay(job *j, const claim_result *c)
 			      0);
 		return;
 	}
-	j->outcome = "replayed";
-	j->status = c->status;
-	header_list_free(&j->resp_headers);
-	idem_decode_replay_headers(c->headers, c->headers_len,
-				   &j->resp_headers);
-	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true",
-			4);
-	ip_buf_reset(&j->resp_body);
-	ip_buf_append(&j->resp_body, c->body, c->body_len);
+	respond_replay(j, c->status, c->headers, c->headers_len, c->body,
+		       c->body_len);
+	cache_put(w, j, p, c->status, c->headers, c->headers_len, c->body,
+		  c->body_len, c->expires_in_ms);
 }
 
 /* Records the outcome of the attempt this worker owns. A failure to record
  * is reported, never hidden: the record stays processing and the lease rules
  * decide what a retry gets. */
-static void record(proxy_worker *w, job *j, const route_cfg *r,
-		   const record_key *k, enum idem_record what,
-		   const upstream_resp *resp)
+static void record(proxy_worker *w, job *j, const idem_plan *p,
+		   const claim_result *c, const record_key *k,
+		   enum idem_record what, const upstream_resp *resp)
 {
+	const route_cfg *r = p->route;
+	bool replayable = false;
 	if (what == REC_LEAVE)
 		return;
 	char err[256];
@@ -270,7 +303,7 @@ static void record(proxy_worker *w, job *j, const route_cfg *r,
 	if (what == REC_RELEASE) {
 		rc = store_release(w->st, k, &fenced, err, sizeof err);
 	} else {
-		bool replayable =
+		replayable =
 			(int64_t)resp->body.len <= j->cfg->max_stored_response;
 		ip_buf *h = &w->scratch;
 		ip_buf_reset(h);
@@ -296,6 +329,10 @@ static void record(proxy_worker *w, job *j, const route_cfg *r,
 			 "not recorded",
 			 "request_id=%s route=%s key=%s", j->request_id,
 			 r->name, j->key);
+	} else if (what == REC_COMPLETE && replayable) {
+		cache_put(w, j, p, resp->status, w->scratch.data,
+			  w->scratch.len, resp->body.data, resp->body.len,
+			  c->expires_in_ms);
 	}
 }
 
@@ -309,7 +346,7 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 	enum idem_record what =
 		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,
 				resp.status);
-	record(w, j, r, &k, what, &resp);
+	record(w, j, p, c, &k, what, &resp);
 	if (got) {
 		j->outcome = "forwarded";
 		pass_response(j, &resp);
@@ -349,13 +386,14 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 			   const idem_plan *p)
 {
-	uint8_t hash[FP_LEN];
-	compute_fingerprint(j, r, hash);
+	if (!j->has_fp)
+		compute_fingerprint(j, r, j->fp);
+	j->has_fp = true;
 	claim_req req = {
 		.tenant = p->tenant,
 		.operation = r->name,
 		.key = p->key,
-		.hash = hash,
+		.hash = j->fp,
 		.lease_ms = r->lease_ms,
 		.ttl_ms = r->ttl_ms,
 		.hold_on_unknown = r->on_unknown_hold,
@@ -381,7 +419,7 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		forward_owned(w, j, r, p, &c);
 		break;
 	case CLAIM_REPLAY:
-		replay(j, &c);
+		replay(w, j, p, &c);
 		break;
 	case CLAIM_IN_FLIGHT:
 		j->outcome = "in_flight";
@@ -409,28 +447,69 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	claim_result_clear(&c);
 }
 
+/* Steps 1-2 of the decision, made once per request. */
+static const idem_plan *plan_job(job *j)
+{
+	if (!j->plan) {
+		j->plan = xmalloc(sizeof *j->plan);
+		idem_plan_request(j->cfg, j->method, j->target, j->path_len,
+				  &j->req_headers, j->plan);
+		j->route_name = j->plan->route ? j->plan->route->name : NULL;
+		if (j->plan->action == IDEM_CLAIM) {
+			j->key = xstrdup(j->plan->key);
+			j->tenant = xstrdup(j->plan->tenant);
+		}
+	}
+	return j->plan;
+}
+
+bool proxy_fast_path(void *arg, job *j)
+{
+	const proxy_shared *sh = arg;
+	const idem_plan *p = plan_job(j);
+	if (p->action == IDEM_REJECT) {
+		j->outcome = p->outcome;
+		proxy_problem(j, p->status, p->code, p->detail, 0);
+		proxy_account(j);
+		return true;
+	}
+	if (p->action != IDEM_CLAIM || !sh->cache)
+		return false;
+	compute_fingerprint(j, p->route, j->fp);
+	j->has_fp = true;
+	replay_key k = {p->tenant, p->route->name, p->key};
+	int status;
+	ip_buf h = {0}, b = {0};
+	bool hit = replay_cache_get(sh->cache, &k, j->fp, ip_now_ms(), &status,
+				    &h, &b);
+	if (hit) {
+		respond_replay(j, status, h.data ? h.data : "", h.len,
+			       b.data ? b.data : "", b.len);
+		metrics_event("replay_cache_hit");
+		proxy_account(j);
+	}
+	ip_buf_free(&h);
+	ip_buf_free(&b);
+	return hit;
+}
+
 void proxy_worker_handle(void *ctx, void *item)
 {
 	proxy_worker *w = ctx;
 	job *j = item;
-	idem_plan p;
-	idem_plan_request(j->cfg, j->method, j->target, j->path_len,
-			  &j->req_headers, &p);
-	const route_cfg *r = p.route;
-	j->route_name = r ? r->name : NULL;
-	switch (p.action) {
+	const idem_plan *p = plan_job(j);
+	const route_cfg *r = p->route;
+	switch (p->action) {
 	case IDEM_REJECT:
-		j->outcome = p.outcome;
-		proxy_problem(j, p.status, p.code, p.detail, 0);
+		j->outcome = p->outcome;
+		proxy_problem(j, p->status, p->code, p->detail, 0);
 		break;
 	case IDEM_PASSTHROUGH:
 		j->outcome = "passthrough";
 		forward_unprotected(w, j, r);
 		break;
 	case IDEM_CLAIM:
-		j->key = xstrdup(p.key);
-		j->tenant = xstrdup(p.tenant);
-		handle_claimed(w, j, r, &p);
+		handle_claimed(w, j, r, p);
 		break;
 	}
 	proxy_account(j);

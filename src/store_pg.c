@@ -33,7 +33,7 @@ static const stmt_def stmts[] = {
 	{"claim", 7,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL},
 	 "SELECT o_decision, o_owner, o_attempt, o_lease_ms, o_status, "
-	 "o_headers, o_body, o_replayable "
+	 "o_headers, o_body, o_replayable, o_expires_ms "
 	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7)"},
 	/* A late answer may still be recorded after the reaper released the
 	 * record, as long as no other attempt took it over (owner unchanged):
@@ -232,6 +232,8 @@ static int claim_once(store *s, const claim_req *req, claim_result *out,
 		out->attempt = get_i32(PQgetvalue(r, 0, 2));
 	if (!PQgetisnull(r, 0, 3))
 		out->lease_left_ms = get_i64(PQgetvalue(r, 0, 3));
+	if (!PQgetisnull(r, 0, 8))
+		out->expires_in_ms = get_i64(PQgetvalue(r, 0, 8));
 	if (out->decision == CLAIM_REPLAY) {
 		out->status = get_i32(PQgetvalue(r, 0, 4));
 		out->headers = PQgetvalue(r, 0, 5);

@@ -27,6 +27,8 @@ trap 'rm -rf "$work"' EXIT
 # Sanitizer findings must end the run, not scroll past.
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=0:strict_string_checks=1:detect_stack_use_after_return=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+# Leaks inside libraries we link, each explained in the file.
+export LSAN_OPTIONS="suppressions=$here/../lsan.supp:print_suppressions=0${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 
 # Inputs larger than a few KiB add nothing for these parsers but time.
 FUZZ_FLAGS=(-rss_limit_mb=1024 -malloc_limit_mb=512 -timeout=10

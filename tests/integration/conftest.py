@@ -412,6 +412,13 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
             "database": {"url": pg.url},
             "reaper": {"interval": "10m"},
         }
+        if request.node.get_closest_marker("no_replay_cache"):
+            # Tests that rewrite records behind the proxy's back (a completed
+            # record made processing again, expiry moved into the past)
+            # break the immutability the replay cache relies on; tests of
+            # the store path want every replay to reach the store. Both run
+            # without the cache; test_replay_cache.py covers it.
+            settings["replay_cache_size"] = 0
         if defaults:
             settings["defaults"] = defaults
         settings["routes"] = routes
@@ -455,3 +462,9 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
 def proxy(make_proxy):
     """A proxy with the default routes and settings."""
     return make_proxy()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "no_replay_cache: the test's proxies run with "
+        "replay_cache_size = 0")

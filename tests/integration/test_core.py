@@ -156,6 +156,7 @@ def test_in_flight_request_gets_409_with_retry_after(proxy, stub, pg):
     assert stub.count(key=key) == 1
 
 
+@pytest.mark.no_replay_cache
 def test_processing_record_with_live_lease_is_in_use(make_proxy, stub, pg):
     proxy = make_proxy(route_overrides={"create_payment": {"retry_after": "3s"}})
     key = new_key()
@@ -172,6 +173,7 @@ def test_processing_record_with_live_lease_is_in_use(make_proxy, stub, pg):
 
 # --- 3.2: processing, lease expired -> take over -----------------------------
 
+@pytest.mark.no_replay_cache
 def test_processing_record_with_expired_lease_is_taken_over(proxy, stub, pg):
     key = new_key()
     r1 = pay(proxy, key)
@@ -288,6 +290,7 @@ def test_mismatch_wins_over_in_flight(proxy, stub, pg):
     assert stub.count(key=key) == 1
 
 
+@pytest.mark.no_replay_cache
 def test_mismatch_wins_over_live_lease_with_422(make_proxy, stub, pg):
     proxy = make_proxy(defaults={"mismatch_status": 422})
     key = new_key()
@@ -300,6 +303,7 @@ def test_mismatch_wins_over_live_lease_with_422(make_proxy, stub, pg):
 
 # --- 3.2: expired record -> forward ------------------------------------------
 
+@pytest.mark.no_replay_cache
 def test_expired_record_is_reused(proxy, stub, pg):
     for same_body in (False, True):
         key = new_key("same" if same_body else "new")

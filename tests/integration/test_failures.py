@@ -339,6 +339,7 @@ def test_upstream_closing_idle_connections_does_not_fail_requests(make_proxy, ra
 
 # --- 3.2: takeover forwards the same key -------------------------------------
 
+@pytest.mark.no_replay_cache
 @pytest.mark.parametrize("how", ["released", "expired_lease"])
 def test_takeover_forwards_the_same_idempotency_key(proxy, stub, pg, how):
     key = new_key()

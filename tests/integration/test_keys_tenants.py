@@ -168,6 +168,7 @@ def test_header_tenants_are_independent(proxy, stub, pg):
     assert stub.count(key=key) == 2
 
 
+@pytest.mark.no_replay_cache
 def test_in_flight_key_of_one_tenant_does_not_block_another(proxy, stub, pg):
     key = new_key()
     assert hook(proxy, key, "tenant-a", {"amount": 1}).status_code == 201

@@ -182,6 +182,7 @@ def test_metrics_cover_the_spec_and_pass_promtool(make_proxy, stub):
         assert m.value(h + "_sum") > 0
 
 
+@pytest.mark.no_replay_cache
 def test_counters_move_with_each_kind_of_request(make_proxy, stub):
     proxy = make_proxy()
     key = new_key()
@@ -692,6 +693,7 @@ def request_outcomes(log, fmt):
             if re.match(r"\S+ info  request ", l)]
 
 
+@pytest.mark.no_replay_cache
 def test_request_line_has_the_spec_fields_json(proxy, stub):
     key = new_key()
     assert pay(proxy, key, path=PAY + "?expand=1").status_code == 201

@@ -1,3 +1,4 @@
+import pytest
 """The reaper (SPEC 4): it releases processing records whose lease ended
 unless they are held, deletes expired records in batches without waiting
 for rows someone else has locked, keeps the processing gauges current, and
@@ -20,6 +21,7 @@ def released_total(proxy):
     return metric(proxy, "idemproxy_reaper_released_total")
 
 
+@pytest.mark.no_replay_cache
 def test_reaper_releases_records_whose_lease_ended(make_proxy, stub, pg):
     proxy = make_proxy(top=FAST_REAPER)
     # a record left by a real attempt, its lease then ended

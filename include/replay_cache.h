@@ -1,0 +1,54 @@
+/* An in-process cache of completed, replayable responses, so that a replay
+ * need not reach the database. Sound with several instances because a
+ * completed record never changes: it only expires (entries never outlive
+ * the record's expires_at) or is deleted by an operator (another instance
+ * may replay a deleted key from its cache for at most the cache's ttl).
+ * Bounded in bytes; the oldest entries go first. Thread-safe. */
+#ifndef IDEMPROXY_REPLAY_CACHE_H
+#define IDEMPROXY_REPLAY_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fingerprint.h"
+#include "util.h"
+
+typedef struct replay_cache replay_cache;
+
+typedef struct replay_key {
+	const char *tenant;
+	const char *operation;
+	const char *key;
+} replay_key;
+
+typedef struct replay_entry {
+	const uint8_t *hash; /* FP_LEN bytes */
+	int status;
+	const char *headers; /* the stored "Name: value\r\n" form */
+	size_t headers_len;
+	const char *body;
+	size_t body_len;
+} replay_entry;
+
+replay_cache *replay_cache_new(size_t max_bytes);
+void replay_cache_free(replay_cache *c);
+
+/* Remembers a completed response until expires_ms (ip_now_ms() clock);
+ * replaces an earlier entry for the same key. Larger than the whole cache:
+ * not stored. */
+void replay_cache_put(replay_cache *c, const replay_key *k,
+		      const replay_entry *e, double expires_ms);
+
+/* A hit needs the same key, the same fingerprint and an unexpired entry:
+ * then status, headers and body are copied out and true is returned. */
+bool replay_cache_get(replay_cache *c, const replay_key *k,
+		      const uint8_t hash[FP_LEN], double now_ms, int *status,
+		      ip_buf *headers, ip_buf *body);
+
+void replay_cache_forget(replay_cache *c, const replay_key *k);
+
+/* Entries and bytes held, for tests and metrics. */
+void replay_cache_stats(replay_cache *c, size_t *entries, size_t *bytes);
+
+#endif

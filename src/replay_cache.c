@@ -1,0 +1,205 @@
+#include "replay_cache.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NBUCKETS 16384u /* power of two */
+
+typedef struct entry {
+	struct entry *next;        /* bucket chain */
+	struct entry *older, *newer; /* insertion order, for eviction */
+	uint32_t hv;
+	size_t id_len;             /* tenant \0 operation \0 key */
+	uint8_t hash[FP_LEN];
+	int status;
+	double expires_ms;
+	size_t headers_len, body_len;
+	size_t size;
+	char data[];               /* id, then headers, then body */
+} entry;
+
+struct replay_cache {
+	pthread_mutex_t mu;
+	size_t max_bytes, bytes, count;
+	entry *buckets[NBUCKETS];
+	entry *oldest, *newest;
+};
+
+/* The record id as one byte string: tenant \0 operation \0 key. */
+static size_t id_build(const replay_key *k, char *out, size_t cap)
+{
+	size_t a = strlen(k->tenant), b = strlen(k->operation),
+	       c = strlen(k->key);
+	size_t n = a + b + c + 2;
+	if (n > cap)
+		return 0;
+	memcpy(out, k->tenant, a);
+	out[a] = '\0';
+	memcpy(out + a + 1, k->operation, b);
+	out[a + 1 + b] = '\0';
+	memcpy(out + a + b + 2, k->key, c);
+	return n;
+}
+
+static uint32_t fnv1a(const char *p, size_t n)
+{
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < n; i++) {
+		h ^= (uint8_t)p[i];
+		h *= 16777619u;
+	}
+	return h;
+}
+
+replay_cache *replay_cache_new(size_t max_bytes)
+{
+	replay_cache *c = xcalloc(1, sizeof *c);
+	pthread_mutex_init(&c->mu, NULL);
+	c->max_bytes = max_bytes;
+	return c;
+}
+
+void replay_cache_free(replay_cache *c)
+{
+	if (!c)
+		return;
+	entry *e = c->oldest;
+	while (e) {
+		entry *n = e->newer;
+		free(e);
+		e = n;
+	}
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
+
+static entry **find_slot(replay_cache *c, uint32_t hv, const char *id,
+			 size_t n)
+{
+	entry **p = &c->buckets[hv & (NBUCKETS - 1)];
+	for (; *p; p = &(*p)->next)
+		if ((*p)->hv == hv && (*p)->id_len == n &&
+		    !memcmp((*p)->data, id, n))
+			return p;
+	return p;
+}
+
+/* Unlinks *slot from its chain and the age list, and frees it. */
+static void drop(replay_cache *c, entry **slot)
+{
+	entry *e = *slot;
+	*slot = e->next;
+	if (e->older)
+		e->older->newer = e->newer;
+	else
+		c->oldest = e->newer;
+	if (e->newer)
+		e->newer->older = e->older;
+	else
+		c->newest = e->older;
+	c->bytes -= e->size;
+	c->count--;
+	free(e);
+}
+
+static void drop_entry(replay_cache *c, entry *e)
+{
+	entry **slot = find_slot(c, e->hv, e->data, e->id_len);
+	IP_ASSERT(*slot == e);
+	drop(c, slot);
+}
+
+void replay_cache_put(replay_cache *c, const replay_key *k,
+		      const replay_entry *r, double expires_ms)
+{
+	char id[3 * 256 + 8];
+	size_t n = id_build(k, id, sizeof id);
+	if (!n)
+		return;
+	size_t size = sizeof(entry) + n + r->headers_len + r->body_len;
+	if (size > c->max_bytes)
+		return;
+	entry *e = xmalloc(size);
+	memset(e, 0, sizeof *e);
+	e->hv = fnv1a(id, n);
+	e->id_len = n;
+	memcpy(e->hash, r->hash, FP_LEN);
+	e->status = r->status;
+	e->expires_ms = expires_ms;
+	e->headers_len = r->headers_len;
+	e->body_len = r->body_len;
+	e->size = size;
+	memcpy(e->data, id, n);
+	if (r->headers_len)
+		memcpy(e->data + n, r->headers, r->headers_len);
+	if (r->body_len)
+		memcpy(e->data + n + r->headers_len, r->body, r->body_len);
+
+	pthread_mutex_lock(&c->mu);
+	entry **slot = find_slot(c, e->hv, id, n);
+	if (*slot)
+		drop(c, slot);
+	while (c->oldest && c->bytes + size > c->max_bytes)
+		drop_entry(c, c->oldest);
+	slot = find_slot(c, e->hv, id, n);
+	*slot = e;
+	e->older = c->newest;
+	if (c->newest)
+		c->newest->newer = e;
+	else
+		c->oldest = e;
+	c->newest = e;
+	c->bytes += size;
+	c->count++;
+	pthread_mutex_unlock(&c->mu);
+}
+
+bool replay_cache_get(replay_cache *c, const replay_key *k,
+		      const uint8_t hash[FP_LEN], double now_ms, int *status,
+		      ip_buf *headers, ip_buf *body)
+{
+	char id[3 * 256 + 8];
+	size_t n = id_build(k, id, sizeof id);
+	if (!n)
+		return false;
+	uint32_t hv = fnv1a(id, n);
+	bool hit = false;
+	pthread_mutex_lock(&c->mu);
+	entry **slot = find_slot(c, hv, id, n);
+	entry *e = *slot;
+	if (e && e->expires_ms <= now_ms) {
+		drop(c, slot);
+		e = NULL;
+	}
+	if (e && !memcmp(e->hash, hash, FP_LEN)) {
+		*status = e->status;
+		ip_buf_append(headers, e->data + n, e->headers_len);
+		ip_buf_append(body, e->data + n + e->headers_len,
+			      e->body_len);
+		hit = true;
+	}
+	pthread_mutex_unlock(&c->mu);
+	return hit;
+}
+
+void replay_cache_forget(replay_cache *c, const replay_key *k)
+{
+	char id[3 * 256 + 8];
+	size_t n = id_build(k, id, sizeof id);
+	if (!n)
+		return;
+	pthread_mutex_lock(&c->mu);
+	entry **slot = find_slot(c, fnv1a(id, n), id, n);
+	if (*slot)
+		drop(c, slot);
+	pthread_mutex_unlock(&c->mu);
+}
+
+void replay_cache_stats(replay_cache *c, size_t *entries, size_t *bytes)
+{
+	pthread_mutex_lock(&c->mu);
+	*entries = c->count;
+	*bytes = c->bytes;
+	pthread_mutex_unlock(&c->mu);
+}

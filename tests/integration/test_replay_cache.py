@@ -1,0 +1,100 @@
+"""The replay cache: a replay of a completed record is answered from memory
+without the store, and only when key, tenant, operation and fingerprint all
+match; an operator's DELETE forgets the key at once in this process."""
+import psycopg
+import pytest
+import requests
+
+from conftest import ADMIN_TOKEN
+from helpers import TIMEOUT, assert_problem, is_replay, new_key
+from store_support import metrics, pay
+
+
+def lock_table(pg):
+    """Holds an ACCESS EXCLUSIVE lock on the records from another session:
+    any store call blocks until statement_timeout cuts it."""
+    conn = psycopg.connect(pg.url)
+    conn.execute("BEGIN")
+    conn.execute("LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE")
+    return conn
+
+
+def test_replay_is_served_without_the_store(make_proxy, stub, pg):
+    proxy = make_proxy(top={"database": {"url": pg.url,
+                                         "statement_timeout": "300ms"}})
+    key = new_key()
+    first = pay(proxy, key)
+    assert first.status_code == 201
+    hits = metrics(proxy).get('idemproxy_events_total{event="replay_cache_hit"}', 0)
+    lock = lock_table(pg)
+    try:
+        again = pay(proxy, key)
+        # a request that needs the store cannot get through the lock
+        blocked = pay(proxy, new_key())
+    finally:
+        lock.rollback()
+        lock.close()
+    assert again.status_code == 201 and is_replay(again)
+    assert again.content == first.content
+    assert again.headers["Location"] == first.headers["Location"]
+    assert "Set-Cookie" not in again.headers
+    assert_problem(blocked, 503, "idempotency_store_unavailable")
+    assert len(stub.requests(key=key)) == 1
+    after = metrics(proxy)['idemproxy_events_total{event="replay_cache_hit"}']
+    assert after == hits + 1
+
+
+@pytest.mark.no_replay_cache
+def test_without_the_cache_a_replay_needs_the_store(make_proxy, stub, pg):
+    proxy = make_proxy(top={"database": {"url": pg.url,
+                                         "statement_timeout": "300ms"}})
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+    lock = lock_table(pg)
+    try:
+        again = pay(proxy, key)
+    finally:
+        lock.rollback()
+        lock.close()
+    assert_problem(again, 503, "idempotency_store_unavailable")
+    assert is_replay(pay(proxy, key))
+    assert len(stub.requests(key=key)) == 1
+
+
+def test_cached_key_still_checks_payload_tenant_and_operation(make_proxy, stub, pg):
+    proxy = make_proxy()
+    key = new_key()
+    assert pay(proxy, key, {"amount": 1}).status_code == 201
+    assert is_replay(pay(proxy, key, {"amount": 1}))
+    # another payload under the same key is still a mismatch
+    assert_problem(pay(proxy, key, {"amount": 2}), 409, "idempotency_key_mismatch")
+    assert len(stub.requests(key=key)) == 1
+
+
+def test_cache_keeps_tenants_apart(make_proxy, stub, pg):
+    proxy = make_proxy(defaults={"tenant": "header:X-Tenant-Id"})
+    key = new_key()
+    a = pay(proxy, key, headers={"X-Tenant-Id": "acme"})
+    assert a.status_code == 201 and not is_replay(a)
+    assert is_replay(pay(proxy, key, headers={"X-Tenant-Id": "acme"}))
+    b = pay(proxy, key, headers={"X-Tenant-Id": "globex"})
+    assert b.status_code == 201 and not is_replay(b)
+    assert b.content != a.content
+    assert len(stub.requests(key=key)) == 2
+
+
+def test_admin_delete_forgets_the_cached_key(make_proxy, stub, pg):
+    proxy = make_proxy()
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+    assert is_replay(pay(proxy, key))
+    rec = pg.record(key)
+    url = "%s/admin/keys/%s/%s/%s" % (proxy.admin_url, rec["tenant"],
+                                      rec["operation"], key)
+    r = requests.delete(url, headers={"Authorization": "Bearer " + ADMIN_TOKEN},
+                        timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    assert pg.record(key) is None
+    fresh = pay(proxy, key)
+    assert fresh.status_code == 201 and not is_replay(fresh)
+    assert len(stub.requests(key=key)) == 2
