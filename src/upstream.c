@@ -26,14 +26,6 @@ int upstream_global_init(void)
 	return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? 0 : -1;
 }
 
-upstream *upstream_new(void)
-{
-	upstream *u = xcalloc(1, sizeof *u);
-	u->h = curl_easy_init();
-	IP_ASSERT(u->h);
-	return u;
-}
-
 void upstream_free(upstream *u)
 {
 	if (!u)
@@ -108,6 +100,32 @@ static size_t on_body(char *buf, size_t size, size_t n, void *p)
 	return len;
 }
 
+upstream *upstream_new(void)
+{
+	upstream *u = xcalloc(1, sizeof *u);
+	CURL *h = curl_easy_init();
+	IP_ASSERT(h);
+	u->h = h;
+	/* Set once: the handle is reused for every attempt of this worker
+	 * (and keeps its keep-alive connections). */
+	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
+	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(h, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
+	curl_easy_setopt(h, CURLOPT_MAXAGE_CONN, UPSTREAM_MAX_IDLE_S);
+	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+	/* Never through a proxy taken from the environment (http_proxy...). */
+	curl_easy_setopt(h, CURLOPT_PROXY, "");
+	curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_prereq);
+	curl_easy_setopt(h, CURLOPT_PREREQDATA, u);
+	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+	curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
+	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(h, CURLOPT_WRITEDATA, u);
+	curl_easy_setopt(h, CURLOPT_USERAGENT, NULL);
+	return u;
+}
+
 static struct curl_slist *build_headers(const upstream_req *req)
 {
 	struct curl_slist *l = NULL;
@@ -140,6 +158,10 @@ static void set_method(CURL *h, const upstream_req *req)
 	bool has_body = req->body_len > 0 || !strcmp(req->method, "POST") ||
 			!strcmp(req->method, "PUT") ||
 			!strcmp(req->method, "PATCH");
+	/* Back to a plain GET first: the handle keeps the last request's
+	 * method settings. */
+	curl_easy_setopt(h, CURLOPT_NOBODY, 0L);
+	curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
 	if (!strcmp(req->method, "HEAD")) {
 		curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
 	} else if (has_body) {
@@ -147,8 +169,6 @@ static void set_method(CURL *h, const upstream_req *req)
 				 req->body ? req->body : "");
 		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE,
 				 (curl_off_t)req->body_len);
-	} else {
-		curl_easy_setopt(h, CURLOPT_HTTPGET, 1L);
 	}
 	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
 }
@@ -157,7 +177,6 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 {
 	memset(out, 0, sizeof *out);
 	CURL *h = u->h;
-	curl_easy_reset(h);
 	u->prereq_calls = 0;
 	u->resp = out;
 	u->max_response = req->max_response;
@@ -172,22 +191,9 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 		connect_ms = (long)req->timeout_ms;
 
 	curl_easy_setopt(h, CURLOPT_URL, url.data);
-	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_HTTP_VERSION, CURL_HTTP_VERSION_1_1);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)req->timeout_ms);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
-	curl_easy_setopt(h, CURLOPT_MAXAGE_CONN, UPSTREAM_MAX_IDLE_S);
-	curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
-	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_prereq);
-	curl_easy_setopt(h, CURLOPT_PREREQDATA, u);
-	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, u);
-	curl_easy_setopt(h, CURLOPT_USERAGENT, NULL);
 	set_method(h, req);
 
 	double t0 = ip_now_ms();
@@ -213,6 +219,9 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 			snprintf(out->error, sizeof out->error, "%s",
 				 curl_easy_strerror(rc));
 	}
+	/* Nothing of this request may outlive it in the reused handle. */
+	curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
+	curl_easy_setopt(h, CURLOPT_POSTFIELDS, NULL);
 	curl_slist_free_all(hdrs);
 	ip_buf_free(&url);
 	u->resp = NULL;
