@@ -81,11 +81,29 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	return c;
 }
 
+/* RFC 9110 5.6.2 tchar. */
+static bool is_tchar(unsigned char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+	       (ch >= '0' && ch <= '9') || (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+/* A name must be a token (no space, quote, colon: libmicrohttpd glues an
+ * obs-fold continuation into the name, and an upstream would split such a
+ * name differently from us). A value may hold visible ASCII, SP, HTAB and
+ * obs-text, but no control byte. */
 static bool header_bytes_ok(const char *p, size_t n, bool is_value)
 {
+	if (!is_value && n == 0)
+		return false;
 	for (size_t i = 0; i < n; i++) {
 		unsigned char ch = (unsigned char)p[i];
-		if (ch == '\t' && is_value)
+		if (!is_value) {
+			if (!is_tchar(ch))
+				return false;
+			continue;
+		}
+		if (ch == '\t')
 			continue;
 		if (ch < 0x20 || ch == 0x7f)
 			return false;
@@ -245,8 +263,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 					  "larger than max_header_size, or "
 					  "there are too many header lines",
 					  0);
-		const char *cl = header_list_get(&c->j->req_headers,
-						 "Content-Length");
+		/* Two lengths, or a length beside chunked framing, is how
+		 * requests are smuggled past one parser to another. */
+		header_list *h = &c->j->req_headers;
+		if (header_list_count(h, "Content-Length") > 1 ||
+		    (header_list_count(h, "Content-Length") &&
+		     header_list_count(h, "Transfer-Encoding")))
+			return answer_now(c, 400, "bad_request", "rejected",
+					  "conflicting message framing "
+					  "(Content-Length)",
+					  0);
+		const char *cl = header_list_get(h, "Content-Length");
 		if (cl && strtoull(cl, NULL, 10) >
 				  (unsigned long long)c->j->cfg->max_request_body) {
 			c->too_large = true;
@@ -358,6 +385,7 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		(size_t)(2 * o->max_header_size + 16384),
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
 		MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+		MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
 		MHD_OPTION_END);
 	if (!f->d) {
 		snprintf(err, errlen, "cannot listen on %s (in use?)",
