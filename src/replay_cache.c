@@ -136,11 +136,17 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 	if (r->body_len)
 		memcpy(e->data + n + r->headers_len, r->body, r->body_len);
 
+	double now = ip_now_ms();
 	pthread_mutex_lock(&c->mu);
 	entry **slot = find_slot(c, e->hv, id, n);
 	if (*slot)
 		drop(c, slot);
-	while (c->oldest && c->bytes + size > c->max_bytes)
+	/* Deadlines are set at insertion as now + at most the cache ttl, so
+	 * the oldest entries are the first to expire: dropping them here keeps
+	 * the cache at what the last ttl's worth of traffic needs, not at its
+	 * byte bound. */
+	while (c->oldest && (c->oldest->expires_ms <= now ||
+			     c->bytes + size > c->max_bytes))
 		drop_entry(c, c->oldest);
 	slot = find_slot(c, e->hv, id, n);
 	*slot = e;

@@ -3,33 +3,64 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+/* Idle workers wait on their own condition variable, on a stack: the one
+ * that went idle last is woken first. At low load the same few threads do
+ * all the work, with warm caches and warm database backends; under load
+ * every thread is busy anyway. */
+typedef struct slot {
+	pthread_cond_t cv;
+	bool idle;
+} slot;
+
 struct worker_pool {
 	pthread_mutex_t mu;
-	pthread_cond_t cv;
 	void **ring;
 	int cap, head, count, active;
 	bool stopping;
 	int nthreads;
 	pthread_t *threads;
+	slot *slots;
+	slot **idle;  /* stack of idle slots, most recent on top */
+	int nidle;
 	worker_ops ops;
 	int next_index;
 };
+
+static void unidle(worker_pool *p, slot *me)
+{
+	for (int i = p->nidle - 1; i >= 0; i--) {
+		if (p->idle[i] == me) {
+			for (int k = i; k < p->nidle - 1; k++)
+				p->idle[k] = p->idle[k + 1];
+			p->nidle--;
+			break;
+		}
+	}
+	me->idle = false;
+}
 
 static void *worker_main(void *arg)
 {
 	worker_pool *p = arg;
 	pthread_mutex_lock(&p->mu);
 	int index = p->next_index++;
+	slot *me = &p->slots[index];
 	pthread_mutex_unlock(&p->mu);
 	void *ctx = p->ops.init(p->ops.arg, index);
+
+	pthread_mutex_lock(&p->mu);
 	for (;;) {
-		pthread_mutex_lock(&p->mu);
-		while (p->count == 0 && !p->stopping)
-			pthread_cond_wait(&p->cv, &p->mu);
-		if (p->count == 0) {
-			pthread_mutex_unlock(&p->mu);
-			break;
+		while (p->count == 0 && !p->stopping) {
+			if (!me->idle) {
+				p->idle[p->nidle++] = me;
+				me->idle = true;
+			}
+			pthread_cond_wait(&me->cv, &p->mu);
 		}
+		if (me->idle)
+			unidle(p, me);
+		if (p->count == 0)
+			break; /* stopping, and the queue is drained */
 		void *item = p->ring[p->head];
 		p->head = (p->head + 1) % p->cap;
 		p->count--;
@@ -40,8 +71,8 @@ static void *worker_main(void *arg)
 
 		pthread_mutex_lock(&p->mu);
 		p->active--;
-		pthread_mutex_unlock(&p->mu);
 	}
+	pthread_mutex_unlock(&p->mu);
 	p->ops.fini(ctx);
 	return NULL;
 }
@@ -51,12 +82,15 @@ worker_pool *worker_pool_start(int threads, int queue_size,
 {
 	worker_pool *p = xcalloc(1, sizeof *p);
 	pthread_mutex_init(&p->mu, NULL);
-	pthread_cond_init(&p->cv, NULL);
 	p->cap = queue_size > 0 ? queue_size : 1;
 	p->ring = xcalloc((size_t)p->cap, sizeof *p->ring);
 	p->ops = *ops;
 	p->nthreads = threads;
 	p->threads = xcalloc((size_t)threads, sizeof *p->threads);
+	p->slots = xcalloc((size_t)threads, sizeof *p->slots);
+	p->idle = xcalloc((size_t)threads, sizeof *p->idle);
+	for (int i = 0; i < threads; i++)
+		pthread_cond_init(&p->slots[i].cv, NULL);
 	for (int i = 0; i < threads; i++)
 		IP_ASSERT(pthread_create(&p->threads[i], NULL, worker_main,
 					 p) == 0);
@@ -74,7 +108,11 @@ bool worker_pool_submit(worker_pool *p, void *item)
 	}
 	p->ring[(p->head + p->count) % p->cap] = item;
 	p->count++;
-	pthread_cond_signal(&p->cv);
+	if (p->nidle > 0) {
+		slot *s = p->idle[--p->nidle];
+		s->idle = false;
+		pthread_cond_signal(&s->cv);
+	}
 	pthread_mutex_unlock(&p->mu);
 	return true;
 }
@@ -93,13 +131,17 @@ void worker_pool_stop(worker_pool *p)
 		return;
 	pthread_mutex_lock(&p->mu);
 	p->stopping = true;
-	pthread_cond_broadcast(&p->cv);
+	for (int i = 0; i < p->nthreads; i++)
+		pthread_cond_signal(&p->slots[i].cv);
 	pthread_mutex_unlock(&p->mu);
 	for (int i = 0; i < p->nthreads; i++)
 		pthread_join(p->threads[i], NULL);
+	for (int i = 0; i < p->nthreads; i++)
+		pthread_cond_destroy(&p->slots[i].cv);
+	free(p->slots);
+	free(p->idle);
 	free(p->threads);
 	free(p->ring);
 	pthread_mutex_destroy(&p->mu);
-	pthread_cond_destroy(&p->cv);
 	free(p);
 }

@@ -74,6 +74,22 @@ static void test_expired_entries_miss_and_go(void **state)
 	replay_cache_free(c);
 }
 
+static void test_expired_entries_go_when_new_ones_come(void **state)
+{
+	replay_cache *c = replay_cache_new(1 << 20);
+	double now = ip_now_ms();
+	put(c, "old1", H1, "x", now - 1);
+	put(c, "old2", H1, "x", now - 1);
+	put(c, "live", H1, "x", now + 60000);
+	size_t n, bytes;
+	replay_cache_stats(c, &n, &bytes);
+	assert_int_equal(n, 1); /* the two expired ones were dropped */
+	ip_buf b = {0};
+	assert_true(get(c, "live", H1, now, &b));
+	ip_buf_free(&b);
+	replay_cache_free(c);
+}
+
 static void test_forget_and_replace(void **state)
 {
 	replay_cache *c = replay_cache_new(1 << 20);
@@ -124,6 +140,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hit_needs_same_key_and_fingerprint),
 		cmocka_unit_test(test_expired_entries_miss_and_go),
+		cmocka_unit_test(test_expired_entries_go_when_new_ones_come),
 		cmocka_unit_test(test_forget_and_replace),
 		cmocka_unit_test(test_bounded_in_bytes_oldest_first),
 	};
