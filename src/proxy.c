@@ -13,6 +13,9 @@
 #include "store_pg.h"
 #include "upstream.h"
 
+/* Largest body whose fingerprint the event thread computes itself. */
+#define FAST_PATH_MAX_BODY (64 * 1024)
+
 typedef struct proxy_worker {
 	int index;
 	replay_cache *cache;
@@ -473,7 +476,10 @@ bool proxy_fast_path(void *arg, job *j)
 		proxy_account(j);
 		return true;
 	}
-	if (p->action != IDEM_CLAIM || !sh->cache)
+	/* Canonicalising a large JSON body would stall every connection on
+	 * the event thread: leave those to a worker. */
+	if (p->action != IDEM_CLAIM || !sh->cache ||
+	    j->body.len > FAST_PATH_MAX_BODY)
 		return false;
 	compute_fingerprint(j, p->route, j->fp);
 	j->has_fp = true;
