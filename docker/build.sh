@@ -14,22 +14,10 @@ set -eu
 
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$SRC/build}
-PKGS="build-essential pkg-config xxd libmicrohttpd-dev libcurl4-openssl-dev libpq-dev
-libjansson-dev libssl-dev libconfig-dev"
-
 install_deps() {
-	missing=""
-	for p in $PKGS; do
-		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
-			missing="$missing $p"
-	done
-	[ -z "$missing" ] && return 0
-	echo "build.sh: installing:$missing"
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo=sudo
-	$sudo apt-get update -qq
-	# shellcheck disable=SC2086 # a list of package names
-	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing
+	"$SRC/scripts/apt-install.sh" build-essential pkg-config xxd \
+		libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libjansson-dev \
+		libssl-dev libconfig-dev
 }
 
 install_deps
