@@ -3,7 +3,8 @@
 #
 #   make check-asan   ASan+UBSan into build-asan/: unit tests, then every
 #                     integration test against build-asan/idemproxy
-#   make check-tsan   TSan into build-tsan/: the concurrency tests
+#   make check-tsan   TSan into build-tsan/: the concurrency, replay-cache
+#                     and two-instance tests
 #                     (TSAN_TESTS=tests/integration for the whole suite)
 #
 # PYTEST_ARGS reaches pytest in both, as for `make integration`.
@@ -22,7 +23,8 @@ SAN_BASE := -O1 -g -fno-omit-frame-pointer
 ASAN_OPT := $(SAN_BASE) -fsanitize=address,undefined -fno-sanitize-recover=all
 TSAN_OPT := $(SAN_BASE) -fsanitize=thread
 
-TSAN_TESTS ?= tests/integration/test_concurrency.py
+TSAN_TESTS ?= tests/integration/test_concurrency.py \
+	tests/integration/test_replay_cache.py tests/integration/test_instances.py
 
 ASAN_REPORTS := $(abspath build-asan/reports)
 TSAN_REPORTS := $(abspath build-tsan/reports)
