@@ -5,6 +5,7 @@ import base64
 import http.client
 import json
 import socket
+import threading
 import time
 import uuid
 
@@ -239,3 +240,24 @@ def assert_retry_after(resp):
     assert ra is not None, "no Retry-After on %d" % resp.status_code
     assert ra.isdigit() and int(ra) >= 1, "Retry-After %r is not delay-seconds >= 1" % ra
     return int(ra)
+
+
+def fire_together(n, fn, join_timeout=120):
+    """fn(i) in n threads released at the same moment, each with its own
+    connection; results in order (an exception is returned, not raised)."""
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def run(i):
+        try:
+            barrier.wait(TIMEOUT * 2)
+            results[i] = fn(i)
+        except Exception as e:  # reported with the others by the caller
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_timeout)
+    return results

@@ -2,37 +2,16 @@
 depend on there being one"). The claim is the only coordination between
 them, so concurrent attempts of one key through different instances must
 still reach the upstream once."""
-import threading
 from collections import Counter, defaultdict
 
 import requests
 
-from helpers import TIMEOUT, assert_problem, assert_retry_after, is_replay, new_key
+from helpers import (TIMEOUT, assert_problem, assert_retry_after, fire_together, is_replay,
+                     new_key)
 
 PAY = "/v1/payments"
 KEYS = 20
 PER_KEY = 10  # requests per key, half through each instance
-
-
-def fire_together(n, fn):
-    """fn(i) in n threads released at the same moment, each with its own
-    connection; results in order (an exception is returned, not raised)."""
-    barrier = threading.Barrier(n)
-    results = [None] * n
-
-    def run(i):
-        try:
-            barrier.wait(TIMEOUT * 2)
-            results[i] = fn(i)
-        except Exception as e:  # reported with the others by the caller
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return results
 
 
 def test_two_instances_on_one_database_forward_each_key_once(make_proxy, stub, pg):

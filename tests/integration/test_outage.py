@@ -17,7 +17,8 @@ import psycopg
 import pytest
 import requests
 
-from helpers import TIMEOUT, assert_problem, assert_retry_after, is_replay, new_key
+from helpers import (TIMEOUT, assert_problem, assert_retry_after, fire_together, is_replay,
+                     new_key)
 from private_pg import PrivatePgCluster
 from store_support import PAY, pay
 
@@ -104,33 +105,13 @@ def timed(fn):
     return out, time.monotonic() - t0
 
 
-def fire(n, fn):
-    """fn(i) in n threads at once; results in order, exceptions returned."""
-    barrier = threading.Barrier(n)
-    results = [None] * n
-
-    def run(i):
-        barrier.wait(TIMEOUT)
-        try:
-            results[i] = fn(i)
-        except Exception as e:  # reported with the others by the caller
-            results[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
-
-
 def assert_protected_again(proxy, stub, pg, workers):
     """After the outage: as many concurrent first attempts as there are
     workers (the upstream holds each long enough that every worker takes
     one), then their retries; everything is recorded and replayed."""
     keys = [new_key("back") for _ in range(workers)]
     stub.configure(*[{"prefix": PAY, "key": k, "delay": 0.5} for k in keys], append=True)
-    results = fire(workers, lambda i: pay(proxy, keys[i]))
+    results = fire_together(workers, lambda i: pay(proxy, keys[i]))
     bad = [(keys[i], r if isinstance(r, Exception) else (r.status_code, r.content[:300]))
            for i, r in enumerate(results)
            if isinstance(r, Exception) or r.status_code != 201 or is_replay(r)]
