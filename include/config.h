@@ -60,6 +60,7 @@ typedef struct config {
 	int64_t replay_cache_size;  /* bytes; 0 disables the replay cache */
 	int64_t replay_cache_ttl_ms; /* longest a cached replay is trusted */
 	int64_t shutdown_grace_ms;
+	int64_t busy_poll_ms; /* 0 = off; see busy.h */
 	enum log_level log_level;
 	bool log_json;
 

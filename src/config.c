@@ -764,6 +764,8 @@ static const cfg_opt cfg_top[] = {
 	{.name = "shutdown_grace", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_HOUR,
 	 .off = C_(shutdown_grace_ms)},
+	{.name = "busy_poll", .conv = cfg_conv_duration, .def = "\"0ms\"",
+	 .min = 0, .max = 100, .off = C_(busy_poll_ms)},
 	{.name = "log_level", .conv = cfg_conv_enum, .def = "\"info\"",
 	 .off = C_(log_level), .choices = cfg_log_levels},
 	{.name = "log_format", .conv = cfg_conv_flag, .def = "\"json\"",

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "busy.h"
 #include "config.h"
 #include "http_front.h"
 #include "log.h"
@@ -124,6 +125,7 @@ static void reload(const char *file)
 	cfg_current = n;
 	pthread_mutex_unlock(&cfg_mu);
 	log_setup(n->log_level, n->log_json);
+	busy_set_budget_ms(n->busy_poll_ms);
 	log_info("configuration reloaded", "file=%s routes=%zu", file,
 		 n->n_routes);
 	config_unref(old);
@@ -147,6 +149,7 @@ static int serve(config *cfg)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
 	cfg_current = cfg;
+	busy_set_budget_ms(cfg->busy_poll_ms);
 	char err[512];
 	replay_cache *cache =
 		cfg->replay_cache_size > 0

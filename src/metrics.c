@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "busy.h"
+
 /* Labelled counters live in a small open table keyed by family and labels;
  * the set of routes is small and stable, so a linear scan under one mutex is
  * cheap next to a database round trip. */
@@ -224,5 +226,9 @@ void metrics_render(ip_buf *out)
 	render_scalar(out, "idemproxy_store_up", "gauge",
 		      "1 when the last store call succeeded.",
 		      (double)g_store_up);
+	render_scalar(out, "idemproxy_busy_poll_seconds_total", "counter",
+		      "Time threads spent polling instead of sleeping "
+		      "(busy_poll).",
+		      busy_seconds_total());
 	pthread_mutex_unlock(&mu);
 }

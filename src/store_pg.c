@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "busy.h"
 #include "migrations.h"
 #include "pg_link.h"
 
@@ -156,11 +157,31 @@ static void put_i64(char out[8], int64_t v)
 	}
 }
 
+/* PQexecPrepared, but with busy polling (busy.h) the answer is awaited by
+ * polling the socket, and only after the budget by sleeping in PQgetResult.
+ * The result is PQexec's: the last one, NULL if the query was not sent. */
 static PGresult *run(store *s, int st, const char *const *vals,
 		     const int *lens, const int *fmts, int result_binary)
 {
-	return PQexecPrepared(s->link.conn, stmts[st].name, stmts[st].nparams, vals,
-			      lens, fmts, result_binary);
+	PGconn *c = s->link.conn;
+	double deadline;
+	if (!busy_spin(&deadline))
+		return PQexecPrepared(c, stmts[st].name, stmts[st].nparams,
+				      vals, lens, fmts, result_binary);
+	if (!PQsendQueryPrepared(c, stmts[st].name, stmts[st].nparams, vals,
+				 lens, fmts, result_binary))
+		return NULL;
+	double t0 = ip_now_ms();
+	while (PQisBusy(c) && PQconsumeInput(c) && PQisBusy(c) &&
+	       ip_now_ms() < deadline)
+		busy_relax();
+	busy_account(t0);
+	PGresult *last = NULL, *r;
+	while ((r = PQgetResult(c))) {
+		PQclear(last);
+		last = r;
+	}
+	return last;
 }
 
 static const struct {

@@ -1,12 +1,20 @@
 #include "worker.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+
+#include "busy.h"
 
 /* Idle workers wait on their own condition variable, on a stack: the one
  * that went idle last is woken first. At low load the same few threads do
  * all the work, with warm caches and warm database backends; under load
- * every thread is busy anyway. */
+ * every thread is busy anyway.
+ *
+ * With busy polling on (busy.h), a worker that finds nothing to do while no
+ * other request is with a worker polls the queue for a while before it
+ * sleeps: at most one such spinner at a time, and the first request queued
+ * meanwhile is left to it, without a wake-up. */
 typedef struct slot {
 	pthread_cond_t cv;
 	bool idle;
@@ -15,8 +23,10 @@ typedef struct slot {
 struct worker_pool {
 	pthread_mutex_t mu;
 	void **ring;
-	int cap, head, count, active;
-	bool stopping;
+	int cap, head, active;
+	atomic_int count;     /* read without the lock by the spinner */
+	atomic_bool stopping;
+	bool spinner;         /* a worker polls the queue */
 	int nthreads;
 	pthread_t *threads;
 	slot *slots;
@@ -39,6 +49,23 @@ static void unidle(worker_pool *p, slot *me)
 	me->idle = false;
 }
 
+/* Called and returns with the lock held. */
+static void spin_for_work(worker_pool *p)
+{
+	double deadline;
+	if (p->spinner || !busy_spin_idle(&deadline))
+		return;
+	p->spinner = true;
+	pthread_mutex_unlock(&p->mu);
+	double t0 = ip_now_ms();
+	while (atomic_load(&p->count) == 0 && !atomic_load(&p->stopping) &&
+	       ip_now_ms() < deadline)
+		busy_relax();
+	busy_account(t0);
+	pthread_mutex_lock(&p->mu);
+	p->spinner = false;
+}
+
 static void *worker_main(void *arg)
 {
 	worker_pool *p = arg;
@@ -50,6 +77,8 @@ static void *worker_main(void *arg)
 
 	pthread_mutex_lock(&p->mu);
 	for (;;) {
+		if (p->count == 0 && !p->stopping)
+			spin_for_work(p);
 		while (p->count == 0 && !p->stopping) {
 			if (!me->idle) {
 				p->idle[p->nidle++] = me;
@@ -67,7 +96,9 @@ static void *worker_main(void *arg)
 		p->active++;
 		pthread_mutex_unlock(&p->mu);
 
+		busy_request_begin();
 		p->ops.handle(ctx, item);
+		busy_request_end();
 
 		pthread_mutex_lock(&p->mu);
 		p->active--;
@@ -108,7 +139,8 @@ bool worker_pool_submit(worker_pool *p, void *item)
 	}
 	p->ring[(p->head + p->count) % p->cap] = item;
 	p->count++;
-	if (p->nidle > 0) {
+	/* A spinner takes the first waiting request itself. */
+	if (p->nidle > 0 && (!p->spinner || p->count > 1)) {
 		slot *s = p->idle[--p->nidle];
 		s->idle = false;
 		pthread_cond_signal(&s->cv);

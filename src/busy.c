@@ -1,0 +1,63 @@
+#include "busy.h"
+
+#include <sched.h>
+#include <stdatomic.h>
+
+#include "util.h"
+
+static atomic_llong budget_ms;
+static atomic_int with_workers;
+static atomic_ullong spent_us;
+
+void busy_set_budget_ms(int64_t ms)
+{
+	atomic_store(&budget_ms, (long long)(ms > 0 ? ms : 0));
+}
+
+void busy_request_begin(void)
+{
+	atomic_fetch_add(&with_workers, 1);
+}
+
+void busy_request_end(void)
+{
+	atomic_fetch_sub(&with_workers, 1);
+}
+
+static bool spin_if(int at_most, double *deadline_ms)
+{
+	long long b = atomic_load_explicit(&budget_ms, memory_order_relaxed);
+	if (b <= 0 ||
+	    atomic_load_explicit(&with_workers, memory_order_relaxed) > at_most)
+		return false;
+	*deadline_ms = ip_now_ms() + (double)b;
+	return true;
+}
+
+bool busy_spin(double *deadline_ms)
+{
+	return spin_if(1, deadline_ms);
+}
+
+bool busy_spin_idle(double *deadline_ms)
+{
+	return spin_if(0, deadline_ms);
+}
+
+void busy_relax(void)
+{
+	sched_yield();
+}
+
+void busy_account(double started_ms)
+{
+	double us = (ip_now_ms() - started_ms) * 1000.0;
+	if (us > 0)
+		atomic_fetch_add_explicit(&spent_us, (unsigned long long)us,
+					  memory_order_relaxed);
+}
+
+double busy_seconds_total(void)
+{
+	return (double)atomic_load(&spent_us) / 1e6;
+}
