@@ -17,7 +17,7 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRCS))
 MIGRATIONS := $(sort $(wildcard sql/*.sql))
 
-.PHONY: all deps run test unit integration clean
+.PHONY: all deps run test unit integration check-busy-poll clean
 all: $(BUILD)/idemproxy
 
 deps:
@@ -51,6 +51,16 @@ $(BUILD)/store_check: tests/integration/store_check.c $(LIBOBJS)
 
 integration: $(BUILD)/idemproxy $(BUILD)/store_check
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
+
+# The suites whose waits busy polling changes (store, upstream, queue), run
+# again with busy_poll on; test_busy_poll.py runs in `make test` as well.
+BUSY_POLL_TESTS ?= tests/integration/test_core.py \
+	tests/integration/test_concurrency.py tests/integration/test_failures.py \
+	tests/integration/test_outage.py tests/integration/test_instances.py \
+	tests/integration/test_replay_cache.py
+check-busy-poll: $(BUILD)/idemproxy $(BUILD)/store_check
+	IDEMPROXY_TEST_BUSY_POLL=2ms $(PYTHON) -m pytest -q -p no:cacheprovider \
+		$(BUSY_POLL_TESTS) $(PYTEST_ARGS)
 
 test: deps
 	@$(MAKE) --no-print-directory all

@@ -24,7 +24,8 @@ ASAN_OPT := $(SAN_BASE) -fsanitize=address,undefined -fno-sanitize-recover=all
 TSAN_OPT := $(SAN_BASE) -fsanitize=thread
 
 TSAN_TESTS ?= tests/integration/test_concurrency.py \
-	tests/integration/test_replay_cache.py tests/integration/test_instances.py
+	tests/integration/test_replay_cache.py tests/integration/test_instances.py \
+	tests/integration/test_busy_poll.py
 
 ASAN_REPORTS := $(abspath build-asan/reports)
 TSAN_REPORTS := $(abspath build-tsan/reports)

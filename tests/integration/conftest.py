@@ -419,6 +419,10 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
             # the store path want every replay to reach the store. Both run
             # without the cache; test_replay_cache.py covers it.
             settings["replay_cache_size"] = 0
+        if os.environ.get("IDEMPROXY_TEST_BUSY_POLL"):
+            # `make check-busy-poll`: the same tests with the waits polled
+            # (busy.h) instead of slept; a test's own top settings win.
+            settings["busy_poll"] = os.environ["IDEMPROXY_TEST_BUSY_POLL"]
         if defaults:
             settings["defaults"] = defaults
         settings["routes"] = routes
