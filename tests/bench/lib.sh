@@ -71,10 +71,12 @@ stub_ctl() {
 	curl -fsS -X "$method" "$STUB/__stub/$what"
 }
 
-# One file, so that a SIGHUP makes the running proxy read a new level.
+# One file per proxy (CONF_NAME), so that a SIGHUP makes the running proxy
+# read a new level; BUSY_POLL sets busy_poll (default off).
 write_conf() {
-	local level=$1 conf=$TMP/idemproxy.conf
+	local level=$1 conf=$TMP/${CONF_NAME:-idemproxy}.conf
 	sed -e "s#@LISTEN@#127.0.0.1:$PROXY_PORT#" \
+		-e "s/@BUSY_POLL@/${BUSY_POLL:-0ms}/" \
 		-e "s#@ADMIN@#127.0.0.1:$ADMIN_PORT#" \
 		-e "s#@DB_URL@#$DB_URL#" -e "s#@UPSTREAM@#$STUB#" \
 		-e "s/@WORKERS@/$WORKERS/" -e "s/@LOG_LEVEL@/$level/" \

@@ -77,6 +77,20 @@ def load_rss(data):
     return out
 
 
+def load_cpu(data, rid):
+    """Microseconds of CPU per request over the slices of a row, or None."""
+    seconds = requests = 0
+    try:
+        with open(os.path.join(data, rid + ".cpu")) as f:
+            for line in f:
+                s, n = line.split()
+                seconds += float(s)
+                requests += int(n)
+    except FileNotFoundError:
+        return None
+    return seconds * 1e6 / requests if requests else None
+
+
 def ms(us):
     v = us / 1000.0
     if v >= 100:
@@ -97,7 +111,7 @@ def verdict(ok):
     return "met" if ok else "MISSED"
 
 
-def targets(rows, rss):
+def targets(rows, rss, busy):
     out = ["| target | rule | measured | ratio | verdict |",
            "|---|---|---|---|---|"]
     pg16, f16 = find(rows, "pgbench-c16"), find(rows, "fresh-c16")
@@ -113,15 +127,18 @@ def targets(rows, rss):
         out.append("| replays of one key, 16 conns | idemproxy req/s >= "
                    "0.5 x nginx req/s | %.0f vs %.0f | %.2f | %s |"
                    % (r16["rps"], n16["rps"], ratio, verdict(ratio >= 0.5)))
-    f1, d1, pg1 = (find(rows, "fresh-c1"), find(rows, "direct-c1"),
-                   find(rows, "pgbench-c1"))
-    if f1 and d1 and pg1:
+    d1, pg1 = find(rows, "direct-c1"), find(rows, "pgbench-c1")
+    for rid, label in (("fresh-c1", "default (busy_poll off)"),
+                       ("fresh-c1-busy", "busy_poll " + busy)):
+        f1 = find(rows, rid)
+        if not (f1 and d1 and pg1):
+            continue
         bound = d1["p50"] + 1.5 * pg1["mean"]
         ratio = f1["p50"] / bound
-        out.append("| fresh keys, 1 conn | idemproxy p50 <= direct p50 + "
+        out.append("| fresh keys, 1 conn, %s | idemproxy p50 <= direct p50 + "
                    "1.5 x pgbench claim+record mean latency (1 client) | "
                    "%s vs %s + 1.5 x %s = %s | %.2f | %s |"
-                   % (ms(f1["p50"]), ms(d1["p50"]), ms(pg1["mean"]),
+                   % (label, ms(f1["p50"]), ms(d1["p50"]), ms(pg1["mean"]),
                       ms(bound), ratio, verdict(ratio <= 1.0)))
     by_count = {want: (seen, kb) for want, seen, kb in rss}
     if 20000 in by_count and 200000 in by_count:
@@ -175,6 +192,15 @@ def notes(rows, rss, a):
                    "made %.2f x the bare claim."
                    % (pr16["rps"], pr16["rps"] / n16["rps"],
                       r16["rps"] / pr16["rps"]))
+    cpu = [(r, load_cpu(a.data, r["id"])) for r in rows
+           if r["id"] in ("fresh-c1", "fresh-c1-busy")]
+    cpu = [(r, c) for r, c in cpu if c]
+    if cpu:
+        out.append("- CPU time of idemproxy per request at 1 connection "
+                   "(user + system, from /proc): " + "; ".join(
+                       "%s %.0f us" % (r["scenario"], c) for r, c in cpu) +
+                   ". busy_poll trades CPU for latency; it is off by "
+                   "default.")
     if rss:
         out.append("- VmRSS under the mixed load (fresh process): " +
                    ", ".join("%d kB at %d requests" % (kb, seen)
@@ -206,11 +232,13 @@ def main():
     p.add_argument("--load", default="?")
     p.add_argument("--cpus", default="?")
     p.add_argument("--failures", default="")
+    p.add_argument("--busy", default="?")
     a = p.parse_args()
     rows = load_rows(a.data)
     rss = load_rss(a.data)
     text = ("# idemproxy benchmark\n\n" + table(rows) + "\n## Targets\n\n"
-            + targets(rows, rss) + "\n## Notes\n\n" + notes(rows, rss, a))
+            + targets(rows, rss, a.busy) + "\n## Notes\n\n"
+            + notes(rows, rss, a))
     with open(a.out, "w") as f:
         f.write(text)
     sys.stdout.write("\n" + text)

@@ -22,10 +22,15 @@
 # Output: the table on stdout and in build-bench/results.md; per-run data in
 # build-bench/data/; each tool's output in build-bench/logs/bench/.
 #
+# The one-connection latency rows run twice through idemproxy: the proxy
+# everything else uses (busy_poll off, the default) and a second one with
+# busy_poll = BENCH_BUSY_POLL; both count the CPU time they spent.
+#
 # Environment: BENCH_DURATION (seconds per run, default 8), BENCH_WORKERS
 # (idemproxy workers, default 16), BENCH_WIDE (the wide concurrency, default
 # 64; empty skips those runs), BENCH_RSS_MAX_S (time allowed for the memory
-# check's 200,000 requests, default 120).
+# check's 200,000 requests, default 120), BENCH_BUSY_POLL (busy_poll of the
+# second proxy, default 2ms).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -36,6 +41,7 @@ DUR=${BENCH_DURATION:-8}
 WORKERS=${BENCH_WORKERS:-16}
 WIDE=${BENCH_WIDE-64}
 RSS_MAX_S=${BENCH_RSS_MAX_S:-120}
+BUSY=${BENCH_BUSY_POLL:-2ms}
 RSS_COUNTS="20000 50000 100000 150000 200000"
 PYTHON=/usr/bin/python3
 [ -x "$PYTHON" ] || PYTHON=python3
@@ -49,6 +55,7 @@ TMP=""
 PG_DIR=""
 STUB_PID=""
 PROXY_PID=""
+BUSY_PID=""
 NGINX_PID=""
 WRK_PID=""
 FAILURES=()
@@ -68,6 +75,7 @@ cleanup() {
 	set +e
 	stop_pid "$WRK_PID" INT
 	stop_pid "$PROXY_PID"
+	stop_pid "$BUSY_PID"
 	stop_pid "$NGINX_PID" QUIT
 	stop_pid "$STUB_PID"
 	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
@@ -90,6 +98,32 @@ start_nginx() {
 	NGINX_PID=$!
 	NGINX=http://127.0.0.1:$NGINX_PORT
 	wait_http "$NGINX/__stub/stats" nginx
+}
+
+# The second idemproxy, with busy_poll on: BUSY_PID, BUSY_PROXY, BUSY_ADMIN.
+start_busy_proxy() {
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN port=$PROXY_PORT
+	local aport=$ADMIN_PORT
+	PROXY_PORT=$(free_port)
+	ADMIN_PORT=$(free_port)
+	CONF_NAME=idemproxy-busy BUSY_POLL=$BUSY start_proxy warn
+	BUSY_PID=$PROXY_PID BUSY_PROXY=$PROXY BUSY_ADMIN=$ADMIN
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin PROXY_PORT=$port
+	ADMIN_PORT=$aport
+}
+
+# busy_run ARGS...: proxy_run through the busy_poll proxy.
+busy_run() {
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN
+	PROXY_PID=$BUSY_PID PROXY=$BUSY_PROXY ADMIN=$BUSY_ADMIN
+	proxy_run "$@"
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin
+}
+
+# User + system CPU seconds of PID so far.
+cpu_s() {
+	awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' \
+		"/proc/$1/stat"
 }
 
 restart_proxy() {
@@ -223,8 +257,14 @@ proxy_run() {
 	[ -z "$label" ] || scenario="$scenario, $label"
 	stub_take
 	fwd0=$(requests_total forwarded)
+	local cpu0
+	cpu0=$(cpu_s "$PROXY_PID")
 	wrk_run "$id" "$scenario" idemproxy "$PROXY" "$kind.lua" "$conns" \
 		"$threads" "$tag"
+	# The proxy's CPU time for this slice: "seconds requests".
+	[ "$RECORD" = 0 ] ||
+		echo "$(awk -v a="$cpu0" -v b="$(cpu_s "$PROXY_PID")" \
+			'BEGIN { print b - a }') $W_REQUESTS" >>"$DATA/$id.cpu"
 	settle
 	fwd=$(($(requests_total forwarded) - fwd0))
 	stub_take
@@ -391,6 +431,7 @@ warm_up() {
 	DUR=2
 	RECORD=0
 	proxy_run warmup fresh 16 2
+	busy_run warmup-busy fresh 1 1
 	wrk_run warmup-nginx "warm-up" nginx "$NGINX" fresh.lua 16 2 "$TAG-wn"
 	RECORD=1
 	DUR=$dur
@@ -405,6 +446,7 @@ target_runs() {
 		wrk_run direct-c1 "fresh keys, no proxy" "stub (direct)" "$STUB" fresh.lua 1 1 "$TAG-d1-$s"
 		pgbench_run pgbench-c1 1 "1$s"
 		proxy_run fresh-c1 fresh 1 1
+		busy_run fresh-c1-busy fresh 1 1 "" "busy_poll $BUSY"
 	done
 	for s in 1 2; do
 		pgbench_run pgbench-c16 16 "2$s"
@@ -460,7 +502,8 @@ main() {
 	ADMIN_PORT=$(free_port)
 	migrate
 	start_proxy warn
-	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers"
+	start_busy_proxy
+	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers; with busy_poll $BUSY: $BUSY_PROXY"
 
 	warm_up
 	target_runs
@@ -475,7 +518,7 @@ main() {
 	local elapsed=$((SECONDS - START_S))
 	"$PYTHON" "$HERE/report.py" --data "$DATA" --out "$OUT/results.md" \
 		--workers "$WORKERS" --duration "$DUR" --elapsed "$elapsed" \
-		--cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
+		--busy "$BUSY" --cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
 		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")"
 	if [ "${#FAILURES[@]}" -gt 0 ]; then
 		echo >&2
