@@ -1,31 +1,12 @@
 """Concurrent attempts (SPEC 3.2, 4): one key never runs upstream twice at
 once, and distinct keys do not interfere. Each client is its own thread
 with its own connection."""
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
 import requests
 
-from helpers import TIMEOUT, assert_problem, assert_retry_after, is_replay, new_key
+from helpers import assert_problem, assert_retry_after, fire_together, is_replay, new_key
 
 PAY = "/v1/payments"
 N = 50
-
-
-def fire_together(n, fn):
-    """Runs fn(i) in n threads released at the same moment; returns the
-    results in order (an exception is returned, not raised)."""
-    barrier = threading.Barrier(n)
-
-    def run(i):
-        barrier.wait(TIMEOUT)
-        try:
-            return fn(i)
-        except Exception as e:  # reported by the caller with the others
-            return e
-
-    with ThreadPoolExecutor(n) as ex:
-        return list(ex.map(run, range(n)))
 
 
 def post(url, key, body):
