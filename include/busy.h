@@ -32,8 +32,9 @@ bool busy_spin_idle(double *deadline_ms);
 /* One pass of a polling loop: lets any other runnable thread on this CPU
  * run first. */
 void busy_relax(void);
-/* Adds the time one polling loop took to the busy_poll metric. */
-void busy_account(double started_ms);
+/* Adds the time a polling loop that started at started_ms polled (until now,
+ * or until its deadline if it slept after that) to the busy_poll metric. */
+void busy_account(double started_ms, double deadline_ms);
 
 /* Seconds spent busy polling since start (a counter). */
 double busy_seconds_total(void);

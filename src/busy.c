@@ -49,9 +49,12 @@ void busy_relax(void)
 	sched_yield();
 }
 
-void busy_account(double started_ms)
+void busy_account(double started_ms, double deadline_ms)
 {
-	double us = (ip_now_ms() - started_ms) * 1000.0;
+	double end = ip_now_ms();
+	if (end > deadline_ms)
+		end = deadline_ms;
+	double us = (end - started_ms) * 1000.0;
 	if (us > 0)
 		atomic_fetch_add_explicit(&spent_us, (unsigned long long)us,
 					  memory_order_relaxed);

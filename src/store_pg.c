@@ -175,7 +175,7 @@ static PGresult *run(store *s, int st, const char *const *vals,
 	while (PQisBusy(c) && PQconsumeInput(c) && PQisBusy(c) &&
 	       ip_now_ms() < deadline)
 		busy_relax();
-	busy_account(t0);
+	busy_account(t0, deadline);
 	PGresult *last = NULL, *r;
 	while ((r = PQgetResult(c))) {
 		PQclear(last);

@@ -206,15 +206,11 @@ static CURLcode perform(upstream *u)
 			busy_relax();
 			continue;
 		}
-		if (spin) {
-			busy_account(t0);
-			spin = false;
-		}
 		if (curl_multi_poll(u->m, NULL, 0, 1000, NULL) != CURLM_OK)
 			break;
 	}
 	if (spin)
-		busy_account(t0);
+		busy_account(t0, deadline);
 	curl_multi_remove_handle(u->m, u->h);
 	return rc;
 }

@@ -61,7 +61,7 @@ static void spin_for_work(worker_pool *p)
 	while (atomic_load(&p->count) == 0 && !atomic_load(&p->stopping) &&
 	       ip_now_ms() < deadline)
 		busy_relax();
-	busy_account(t0);
+	busy_account(t0, deadline);
 	pthread_mutex_lock(&p->mu);
 	p->spinner = false;
 }
