@@ -6,6 +6,7 @@ worker and the others, the store's and the upstream's timeouts still hold,
 polling stops when the proxy is idle, and a reload turns it on and off.
 (`make check-busy-poll` runs other suites with it on, too.)"""
 import os
+import re
 import signal
 import threading
 import time
@@ -152,16 +153,19 @@ def test_store_timeout_holds_while_busy_polling(make_proxy, stub, pg):
 
 
 def test_reload_turns_busy_polling_on_and_off(make_proxy, stub, pg):
-    proxy = make_proxy()
+    proxy = make_proxy(top={"busy_poll": "0ms"})  # off even under check-busy-poll
     for _ in range(5):
         assert pay(proxy, new_key()).status_code == 201
     assert busy_seconds(proxy) == 0
 
     def reload_with(extra):
         with open(proxy.conf_path) as f:
-            text = f.read().split("\nbusy_poll")[0]
+            text = f.read()
+        line = 'busy_poll = "%s";' % extra
+        text, n = re.subn(r'(?m)^busy_poll = .*$', line, text)
+        assert n == 1, "one busy_poll line in the conf"
         with open(proxy.conf_path + ".new", "w") as f:
-            f.write(text + "\nbusy_poll = \"%s\";\n" % extra)
+            f.write(text)
         os.replace(proxy.conf_path + ".new", proxy.conf_path)
         before = proxy.log().count("configuration reloaded")
         proxy.proc.send_signal(signal.SIGHUP)
