@@ -4,6 +4,7 @@
 #define IDEMPROXY_METRICS_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "util.h"
@@ -13,12 +14,14 @@ void metrics_upstream_response(const char *route, int status);
 void metrics_takeover(const char *route);
 /* A named event without labels, e.g. "record_failed". */
 void metrics_event(const char *name);
+/* A reaper pass completed: its counts, and now as its time. */
 void metrics_reaper(int released, int purged);
 void metrics_observe_request_ms(double ms);
 void metrics_observe_store_ms(double ms);
 void metrics_observe_upstream_ms(double ms);
 void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
+void metrics_set_replay_cache(size_t entries, size_t bytes);
 
 void metrics_render(ip_buf *out);
 

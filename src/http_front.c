@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "proxy.h"
 
 struct http_front {
@@ -321,6 +322,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		if (!f->o.submit(f->o.arg, j)) {
 			atomic_fetch_sub(&f->in_flight, 1);
 			j->outcome = "rejected";
+			metrics_event("overloaded");
 			proxy_problem(j, 503, "overloaded",
 				      "too many requests are waiting; retry "
 				      "shortly",

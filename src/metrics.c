@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "busy.h"
 
@@ -50,6 +51,8 @@ static int64_t g_processing;
 static double g_oldest_age;
 static int g_store_up;
 static uint64_t reaper_released, reaper_purged;
+static double reaper_last_success;
+static uint64_t cache_entries, cache_bytes;
 
 /* Label values are route names (validated by the loader) and fixed words;
  * still, never let a quote or backslash break the exposition. */
@@ -62,14 +65,13 @@ static void label_copy(char *out, size_t n, const char *v)
 	out[k] = '\0';
 }
 
-static void add(const char *family, const char *labels, uint64_t n)
+/* Called with mu held. */
+static void add_locked(const char *family, const char *labels, uint64_t n)
 {
-	pthread_mutex_lock(&mu);
 	for (int i = 0; i < nseries; i++) {
 		if (table[i].family == family &&
 		    !strcmp(table[i].labels, labels)) {
 			table[i].value += n;
-			pthread_mutex_unlock(&mu);
 			return;
 		}
 	}
@@ -80,6 +82,12 @@ static void add(const char *family, const char *labels, uint64_t n)
 		table[nseries].value = n;
 		nseries++;
 	}
+}
+
+static void add(const char *family, const char *labels, uint64_t n)
+{
+	pthread_mutex_lock(&mu);
+	add_locked(family, labels, n);
 	pthread_mutex_unlock(&mu);
 }
 
@@ -127,9 +135,20 @@ void metrics_event(const char *name)
 
 void metrics_reaper(int released, int purged)
 {
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
 	pthread_mutex_lock(&mu);
 	reaper_released += (uint64_t)released;
 	reaper_purged += (uint64_t)purged;
+	reaper_last_success = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+	pthread_mutex_unlock(&mu);
+}
+
+void metrics_set_replay_cache(size_t entries, size_t bytes)
+{
+	pthread_mutex_lock(&mu);
+	cache_entries = entries;
+	cache_bytes = bytes;
 	pthread_mutex_unlock(&mu);
 }
 
@@ -200,9 +219,21 @@ static void render_scalar(ip_buf *out, const char *name, const char *type,
 		      name, type, name, v);
 }
 
+/* Events an alert counts with increase(): exported at 0 from the start,
+ * since a counter that first appears at 1 shows no increase. */
+static const char *const known_events[] = {
+	"record_failed", "record_fenced", "forwarded_unprotected",
+	"replay_cache_hit", "overloaded"};
+
 void metrics_render(ip_buf *out)
 {
 	pthread_mutex_lock(&mu);
+	for (size_t i = 0; i < sizeof known_events / sizeof *known_events;
+	     i++) {
+		char l[160];
+		snprintf(l, sizeof l, "event=\"%s\"", known_events[i]);
+		add_locked(F_EVENTS, l, 0);
+	}
 	render_family(out, F_REQUESTS, "Requests by route and outcome.");
 	render_family(out, F_UPSTREAM,
 		      "Upstream responses by route and status class.");
@@ -219,6 +250,10 @@ void metrics_render(ip_buf *out)
 	render_scalar(out, "idemproxy_reaper_purged_total", "counter",
 		      "Expired records deleted by the reaper.",
 		      (double)reaper_purged);
+	render_scalar(out, "idemproxy_reaper_last_success_timestamp_seconds",
+		      "gauge",
+		      "Unix time the reaper last completed a pass (0: never).",
+		      reaper_last_success);
 	render_scalar(out, "idemproxy_processing_records", "gauge",
 		      "Records in state processing.", (double)g_processing);
 	render_scalar(out, "idemproxy_oldest_processing_age_seconds", "gauge",
@@ -226,6 +261,11 @@ void metrics_render(ip_buf *out)
 	render_scalar(out, "idemproxy_store_up", "gauge",
 		      "1 when the last store call succeeded.",
 		      (double)g_store_up);
+	render_scalar(out, "idemproxy_replay_cache_entries", "gauge",
+		      "Responses held in the replay cache.",
+		      (double)cache_entries);
+	render_scalar(out, "idemproxy_replay_cache_bytes", "gauge",
+		      "Bytes held in the replay cache.", (double)cache_bytes);
 	render_scalar(out, "idemproxy_busy_poll_seconds_total", "counter",
 		      "Time threads spent polling instead of sleeping "
 		      "(busy_poll).",

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "metrics.h"
+
 #define NBUCKETS 16384u /* power of two */
 
 typedef struct entry {
@@ -100,6 +102,7 @@ static void drop(replay_cache *c, entry **slot)
 		c->newest = e->older;
 	c->bytes -= e->size;
 	c->count--;
+	metrics_set_replay_cache(c->count, c->bytes);
 	free(e);
 }
 
@@ -158,6 +161,7 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 	c->newest = e;
 	c->bytes += size;
 	c->count++;
+	metrics_set_replay_cache(c->count, c->bytes);
 	pthread_mutex_unlock(&c->mu);
 }
 
