@@ -7,5 +7,5 @@ exec "$(dirname "$0")/apt-install.sh" \
 	build-essential pkg-config xxd libmicrohttpd-dev libcurl4-openssl-dev \
 	libpq-dev libjansson-dev libssl-dev libconfig-dev libcmocka-dev \
 	postgresql postgresql-contrib \
-	python3 python3-pytest python3-psycopg python3-requests curl procps \
+	python3 python3-pytest python3-psycopg python3-requests python3-yaml curl procps \
 	clang libclang-rt-14-dev prometheus systemd
