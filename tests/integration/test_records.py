@@ -5,12 +5,13 @@ made by the proxy (a claim repeated after its connection broke carries on as
 the same attempt), and store errors that are not outages (never forwarded
 unprotected, whatever `database.unavailable` says)."""
 import json
+import os
 import threading
 
 import pytest
 import requests
 
-from conftest import ADMIN_TOKEN
+from conftest import ADMIN_TOKEN, ROOT, run_binary
 from helpers import TIMEOUT, assert_problem, is_replay, new_key, raw_request, wait_until
 from misbehaving import RawUpstream, Respond
 from pg_relay import PgRelay
@@ -210,3 +211,41 @@ def test_store_error_on_a_working_connection_is_never_forwarded(make_proxy, stub
     assert_problem(r, 503, "idempotency_store_unavailable")
     assert stub.count() == seen, "forwarded unprotected: %r" % (stub.requests()[seen:],)
     assert stub.count(key=key) == 0
+
+
+# --- migration 002 on a database that has records -------------------------------
+
+@pytest.mark.no_replay_cache
+def test_migration_002_converts_existing_records(make_proxy, stub, pg):
+    """A database at schema version 1 with a completed record (text headers)
+    and a taken-over one whose lease outlives its expiry: after --migrate,
+    the first replays with the same header bytes, the second is repaired."""
+    with open(os.path.join(ROOT, "sql", "001_records.sql")) as f:
+        pg.execute(f.read())
+    pg.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, "
+               "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+    pg.execute("INSERT INTO schema_migrations (version, name) VALUES (1, '001_records')")
+    old = new_key("old")
+    taken = new_key("taken")
+    insert_record(pg, taken, lease="now() + interval '2 hours'",
+                  expires="now() + interval '1 hour'")
+    pg.execute("INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, "
+               "state, owner_token, attempt, response_status, response_headers, "
+               "response_body, replayable, expires_at) VALUES ('default', 'create_payment', "
+               "%s, '\\x00'::bytea, 'completed', gen_random_uuid(), 1, 201, "
+               "E'Content-Type: application/json\\r\\nLocation: /v1/payments/caf\\u00e9\\r\\n', "
+               "'{\"id\":\"old\"}'::bytea, true, now() + interval '1 hour')", (old,))
+    conf = make_proxy(migrate=False, start=False)
+    r = run_binary(["-c", conf.conf_path, "--migrate"], env=conf.env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec_headers = pg.record(old)["response_headers"]
+    assert bytes(rec_headers) == (
+        b"Content-Type: application/json\r\nLocation: /v1/payments/caf\xc3\xa9\r\n")
+    rec = pg.record(taken)
+    assert rec["expires_at"] >= rec["lease_until"], rec
+    # The new idem_claim replays it with those bytes.
+    got = pg.query("SELECT o_decision, o_headers FROM idem_claim('default', 'create_payment', "
+                   "%s, '\\x00'::bytea, 1000, 60000, false, gen_random_uuid())", (old,))
+    assert len(got) == 1 and got[0]["o_decision"] == "replay", got
+    assert bytes(got[0]["o_headers"]) == bytes(rec_headers)
+    assert stub.count() == 0
