@@ -10,11 +10,13 @@
 #include "job.h"
 
 struct replay_cache;
+struct record_retry;
 
 typedef struct proxy_shared {
 	const char *db_url;
 	int64_t statement_timeout_ms;
 	struct replay_cache *cache; /* NULL: no replay cache */
+	struct record_retry *retry; /* records the workers could not write */
 } proxy_shared;
 
 /* Runs on the front end's event thread before a job is queued: answers at

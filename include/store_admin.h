@@ -41,7 +41,9 @@ typedef struct admin_record {
 	bool hold_on_unknown;
 	bool has_status;
 	int response_status;
-	const char *response_headers; /* "Name: value\r\n" lines */
+	char *response_headers;       /* "Name: value\r\n" lines, the bytes
+					 stored (owned, NUL-terminated) */
+	size_t response_headers_len;
 	const char *response_body_b64;
 	int replayable;        /* 1, 0, or -1 when not recorded */
 	void *res;             /* the PGresult */

@@ -21,6 +21,15 @@ void store_free(store *s);
 /* Connects (and prepares) if not connected. 0 or -1 with err. */
 int store_ensure(store *s, char *err, size_t errlen) IP_WUR;
 
+/* After a call that failed: true when it failed because the database could
+ * not be reached (no connection could be made, or the connection broke),
+ * false for an error on a working connection (an SQL error, a statement
+ * timeout, a serialization failure). */
+bool store_outage(const store *s);
+
+/* A fresh random owner token (a version 4 UUID) for one attempt. */
+void store_new_token(uint8_t out[STORE_TOKEN_LEN]);
+
 enum claim_decision {
 	CLAIM_FORWARD,    /* new record: this attempt owns the key */
 	CLAIM_TAKEOVER,   /* released / dead lease taken over */
@@ -38,13 +47,19 @@ typedef struct claim_req {
 	int64_t lease_ms;
 	int64_t ttl_ms;
 	bool hold_on_unknown;
+	/* STORE_TOKEN_LEN bytes, from store_new_token: the attempt's owner
+	 * token if the claim gives it the key. A claim repeated with the same
+	 * token that finds the key processing under it carries on as that
+	 * attempt (same decision, same attempt number). */
+	const uint8_t *owner;
 } claim_req;
 
 typedef struct claim_result {
 	enum claim_decision decision;
 	uint8_t owner[STORE_TOKEN_LEN]; /* FORWARD / TAKEOVER */
 	int attempt;
-	int64_t lease_left_ms;          /* IN_FLIGHT */
+	int64_t lease_left_ms;          /* IN_FLIGHT; FORWARD and TAKEOVER:
+					   this attempt's lease */
 	int64_t expires_in_ms;          /* FORWARD, TAKEOVER, REPLAY: until the
 					   record expires */
 	/* REPLAY: pointers into res, valid until claim_result_clear */
@@ -67,10 +82,17 @@ typedef struct record_key {
 	const char *operation;
 	const char *key;
 	const uint8_t *owner; /* STORE_TOKEN_LEN bytes */
+	/* An earlier try of this very write may have committed (its
+	 * connection broke before the answer): finding the record already in
+	 * the state the write sets, under this owner, is success. */
+	bool repeat;
 } record_key;
 
-/* Records a response. *fenced is set when the attempt no longer owns the key
- * (its lease was taken over): nothing was written. */
+/* Records a response (headers: raw "Name: value\r\n" bytes, stored as
+ * bytea). *fenced is set when the attempt no longer owns the key (its lease
+ * was taken over): nothing was written. When the connection in hand turns
+ * out to be broken, the write is sent once more at once on a fresh one
+ * (fenced by the owner token, so that is safe). */
 int store_complete(store *s, const record_key *k, int status,
 		   const char *headers, size_t headers_len, const char *body,
 		   size_t body_len, bool replayable, bool *fenced, char *err,

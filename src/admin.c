@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -181,17 +182,35 @@ static json_t *jstr(const char *s)
 	return j ? j : json_null();
 }
 
-static json_t *headers_json(const char *lines)
+/* Header bytes are stored as the upstream sent them. Valid UTF-8 (nearly
+ * every header) is a JSON string; anything else (obs-text such as a Latin-1
+ * byte) is {"base64": "<the exact bytes>"}, so the output stays valid JSON
+ * and loses nothing. */
+static json_t *jbytes(const char *s)
+{
+	size_t n = strlen(s);
+	json_t *j = json_stringn(s, n);
+	if (j)
+		return j;
+	char *b64 = xmalloc(4 * ((n + 2) / 3) + 1);
+	EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)s,
+			(int)n);
+	j = json_pack("{s:s}", "base64", b64);
+	free(b64);
+	return j ? j : json_null();
+}
+
+static json_t *headers_json(const char *lines, size_t len)
 {
 	json_t *arr = json_array();
 	if (!lines)
 		return arr;
 	header_list h = {0};
-	idem_decode_replay_headers(lines, strlen(lines), &h);
+	idem_decode_replay_headers(lines, len, &h);
 	for (size_t i = 0; i < h.n; i++) {
 		json_t *pair = json_array();
-		json_array_append_new(pair, jstr(h.v[i].name));
-		json_array_append_new(pair, jstr(h.v[i].value));
+		json_array_append_new(pair, jbytes(h.v[i].name));
+		json_array_append_new(pair, jbytes(h.v[i].value));
 		json_array_append_new(arr, pair);
 	}
 	header_list_free(&h);
@@ -219,7 +238,8 @@ static json_t *record_json(const admin_record *r)
 			    r->has_status ? json_integer(r->response_status)
 					  : json_null());
 	json_object_set_new(o, "response_headers",
-			    headers_json(r->response_headers));
+			    headers_json(r->response_headers,
+					 r->response_headers_len));
 	json_object_set_new(o, "response_body", jstr(r->response_body_b64));
 	json_object_set_new(o, "replayable",
 			    r->replayable < 0 ? json_null()

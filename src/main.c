@@ -17,6 +17,7 @@
 #include "log.h"
 #include "proxy.h"
 #include "reaper.h"
+#include "record_retry.h"
 #include "replay_cache.h"
 #include "store_pg.h"
 #include "upstream.h"
@@ -155,7 +156,10 @@ static int serve(config *cfg)
 		cfg->replay_cache_size > 0
 			? replay_cache_new((size_t)cfg->replay_cache_size)
 			: NULL;
-	proxy_shared shared = {cfg->db_url, cfg->statement_timeout_ms, cache};
+	record_retry *retry =
+		record_retry_start(cfg->db_url, cfg->statement_timeout_ms);
+	proxy_shared shared = {cfg->db_url, cfg->statement_timeout_ms, cache,
+			       retry};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;
@@ -225,7 +229,8 @@ static int serve(config *cfg)
 	if (left > 0) {
 		/* Their records stay processing; the lease rules apply. */
 		log_warn("shutdown grace ended with requests in flight",
-			 "in_flight=%d", left);
+			 "in_flight=%d records_pending=%d", left,
+			 record_retry_pending(retry));
 		fflush(stderr);
 		_exit(0);
 	}
@@ -236,6 +241,9 @@ static int serve(config *cfg)
 	admin_stop(adm);
 	reaper_stop(rp);
 	worker_pool_stop(pool);
+	/* Outcomes the workers could not record keep being tried for the
+	 * rest of the grace. */
+	record_retry_stop(retry, deadline);
 	replay_cache_free(cache);
 	log_info("stopped", NULL);
 	pthread_mutex_lock(&cfg_mu);
@@ -245,6 +253,7 @@ static int serve(config *cfg)
 	free(file);
 	return 0;
 fail:
+	record_retry_stop(retry, 0);
 	replay_cache_free(cache);
 	cfg_current = NULL;
 	config_unref(cfg);

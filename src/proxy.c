@@ -9,6 +9,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
+#include "record_retry.h"
 #include "replay_cache.h"
 #include "store_pg.h"
 #include "upstream.h"
@@ -19,6 +20,7 @@
 typedef struct proxy_worker {
 	int index;
 	replay_cache *cache;
+	record_retry *retry;
 	store *st;
 	upstream *up;
 	ip_buf scratch;
@@ -30,6 +32,7 @@ void *proxy_worker_init(void *arg, int index)
 	proxy_worker *w = xcalloc(1, sizeof *w);
 	w->index = index;
 	w->cache = sh->cache;
+	w->retry = sh->retry;
 	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
 	w->up = upstream_new();
 	char err[256];
@@ -288,12 +291,41 @@ static void replay(proxy_worker *w, job *j, const idem_plan *p,
 		  c->body_len, c->expires_in_ms);
 }
 
+/* A write the worker could not make (the store failed, even after one
+ * reconnect) goes to the background retrier, which keeps trying until the
+ * attempt's lease ends; the client is answered now. */
+static void defer_record(proxy_worker *w, const job *j, const record_key *k,
+			 enum idem_record what, const upstream_resp *resp,
+			 bool replayable, double lease_end_ms, const char *err)
+{
+	record_retry_item it = {
+		.request_id = j->request_id,
+		.key = k,
+		.complete = what == REC_COMPLETE,
+		.status = what == REC_COMPLETE ? resp->status : 0,
+		.headers = w->scratch.data,
+		.headers_len = what == REC_COMPLETE ? w->scratch.len : 0,
+		.body = resp->body.data,
+		.body_len = resp->body.len,
+		.replayable = replayable,
+		.lease_end_ms = lease_end_ms,
+	};
+	metrics_event("record_deferred");
+	log_warn("could not record the outcome; retrying in the background "
+		 "until the lease ends",
+		 "request_id=%s route=%s key=%s %s", j->request_id,
+		 k->operation, j->key, err);
+	record_retry_add(w->retry, &it);
+}
+
 /* Records the outcome of the attempt this worker owns. A failure to record
- * is reported, never hidden: the record stays processing and the lease rules
- * decide what a retry gets. */
+ * is retried (at once on a fresh connection by the store, then in the
+ * background until the lease ends), never hidden: until it is written the
+ * record stays processing and the lease rules decide what a retry gets. */
 static void record(proxy_worker *w, job *j, const idem_plan *p,
 		   const claim_result *c, const record_key *k,
-		   enum idem_record what, const upstream_resp *resp)
+		   enum idem_record what, const upstream_resp *resp,
+		   double lease_end_ms)
 {
 	const route_cfg *r = p->route;
 	bool replayable = false;
@@ -303,13 +335,13 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	bool fenced = false;
 	double t0 = ip_now_ms();
 	int rc;
+	ip_buf *h = &w->scratch;
+	ip_buf_reset(h);
 	if (what == REC_RELEASE) {
 		rc = store_release(w->st, k, &fenced, err, sizeof err);
 	} else {
 		replayable =
 			(int64_t)resp->body.len <= j->cfg->max_stored_response;
-		ip_buf *h = &w->scratch;
-		ip_buf_reset(h);
 		idem_encode_replay_headers(r, &resp->headers, h);
 		rc = store_complete(w->st, k, resp->status, h->data ? h->data : "",
 				    h->len, replayable ? resp->body.data : NULL,
@@ -319,8 +351,10 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	double ms = ip_now_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
-	metrics_set_store_up(rc == 0);
-	if (rc) {
+	metrics_set_store_up(rc == 0 || !store_outage(w->st));
+	if (rc && w->retry && ip_now_ms() < lease_end_ms) {
+		defer_record(w, j, k, what, resp, replayable, lease_end_ms, err);
+	} else if (rc) {
 		metrics_event("record_failed");
 		log_error("could not record the outcome; the record stays "
 			  "processing until its lease ends",
@@ -340,16 +374,17 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 }
 
 static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
-			  const idem_plan *p, const claim_result *c)
+			  const idem_plan *p, const claim_result *c,
+			  double lease_end_ms)
 {
-	record_key k = {p->tenant, r->name, p->key, c->owner};
+	record_key k = {p->tenant, r->name, p->key, c->owner, false};
 	upstream_resp resp;
 	send_upstream(w, j, r, &resp);
 	bool got = resp.outcome == UP_RESPONSE;
 	enum idem_record what =
 		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,
 				resp.status);
-	record(w, j, p, c, &k, what, &resp);
+	record(w, j, p, c, &k, what, &resp, lease_end_ms);
 	if (got) {
 		j->outcome = "forwarded";
 		pass_response(j, &resp);
@@ -368,12 +403,22 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 	upstream_resp_free(&resp);
 }
 
+/* The claim failed. Only an outage (no connection could be made, or it
+ * broke) may be forwarded unprotected with unavailable = "forward"; an error
+ * from a working database (contention, a statement timeout, any SQL error)
+ * is always refused: the store is there and said no. */
 static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 		       const char *err)
 {
-	metrics_set_store_up(false);
-	log_debug("store unavailable", "request_id=%s %s", j->request_id, err);
-	if (j->cfg->db_unavailable_forward) {
+	bool outage = store_outage(w->st);
+	metrics_set_store_up(!outage);
+	if (outage)
+		log_debug("store unavailable", "request_id=%s %s",
+			  j->request_id, err);
+	else
+		log_warn("store error", "request_id=%s %s", j->request_id,
+			 err);
+	if (outage && j->cfg->db_unavailable_forward) {
 		metrics_event("forwarded_unprotected");
 		forward_unprotected(w, j, r);
 		j->outcome = "store_unavailable";
@@ -392,6 +437,8 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	if (!j->has_fp)
 		compute_fingerprint(j, r, j->fp);
 	j->has_fp = true;
+	uint8_t owner[STORE_TOKEN_LEN];
+	store_new_token(owner);
 	claim_req req = {
 		.tenant = p->tenant,
 		.operation = r->name,
@@ -400,6 +447,7 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		.lease_ms = r->lease_ms,
 		.ttl_ms = r->ttl_ms,
 		.hold_on_unknown = r->on_unknown_hold,
+		.owner = owner,
 	};
 	claim_result c;
 	char err[256];
@@ -419,7 +467,9 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		metrics_takeover(r->name);
 		/* fall through */
 	case CLAIM_FORWARD:
-		forward_owned(w, j, r, p, &c);
+		/* The lease counted from before the claim was sent: never
+		 * later than the database's. */
+		forward_owned(w, j, r, p, &c, t0 + (double)c.lease_left_ms);
 		break;
 	case CLAIM_REPLAY:
 		replay(w, j, p, &c);

@@ -85,10 +85,34 @@ static const char get_sql[] =
 	"encode(request_hash, 'hex'), owner_token::text, " TS("lease_until")
 	", " TS("created_at") ", " TS("updated_at") ", " TS("expires_at")
 	", expires_at <= now(), hold_on_unknown, response_status, "
-	"response_headers, translate(encode(response_body, 'base64'), "
+	"encode(response_headers, 'hex'), "
+	"translate(encode(response_body, 'base64'), "
 	"E'\\n', ''), replayable "
 	"FROM idempotency_records "
 	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3";
+
+static int hexval(char c)
+{
+	return c >= '0' && c <= '9'   ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10
+	       : c >= 'A' && c <= 'F' ? c - 'A' + 10
+				      : 0;
+}
+
+/* The stored header bytes (bytea, sent as hex text), NUL-terminated. */
+static char *unhex(const char *h, size_t *len)
+{
+	*len = 0;
+	if (!h)
+		return NULL;
+	size_t n = strlen(h) / 2;
+	char *out = xmalloc(n + 1);
+	for (size_t i = 0; i < n; i++)
+		out[i] = (char)(hexval(h[2 * i]) << 4 | hexval(h[2 * i + 1]));
+	out[n] = '\0';
+	*len = n;
+	return out;
+}
 
 static const char *col(PGresult *r, int c)
 {
@@ -132,7 +156,7 @@ int store_admin_get(store_admin *s, const char *tenant, const char *operation,
 	out->hold_on_unknown = col_true(r, 12);
 	out->has_status = !PQgetisnull(r, 0, 13);
 	out->response_status = out->has_status ? atoi(col(r, 13)) : 0;
-	out->response_headers = col(r, 14);
+	out->response_headers = unhex(col(r, 14), &out->response_headers_len);
 	out->response_body_b64 = col(r, 15);
 	out->replayable = PQgetisnull(r, 0, 16) ? -1 : col_true(r, 16);
 	return 0;
@@ -140,6 +164,7 @@ int store_admin_get(store_admin *s, const char *tenant, const char *operation,
 
 void store_admin_record_clear(admin_record *r)
 {
+	free(r->response_headers);
 	if (r->res)
 		PQclear(r->res);
 	memset(r, 0, sizeof *r);

@@ -3,6 +3,7 @@
 #include "store_pg.h"
 
 #include <arpa/inet.h>
+#include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 
 struct store {
 	pg_link link;
+	bool outage; /* the last failure: no connection, or it broke */
 };
 
 /* Each statement, its name, parameter types (OIDs) and text. */
@@ -31,16 +33,17 @@ typedef struct stmt_def {
 } stmt_def;
 
 static const stmt_def stmts[] = {
-	{"claim", 7,
-	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL},
+	{"claim", 8,
+	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
+	  OID_UUID},
 	 "SELECT o_decision, o_owner, o_attempt, o_lease_ms, o_status, "
 	 "o_headers, o_body, o_replayable, o_expires_ms "
-	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7)"},
+	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8)"},
 	/* A late answer may still be recorded after the reaper released the
 	 * record, as long as no other attempt took it over (owner unchanged):
 	 * it is the truth about the one attempt that was sent. */
 	{"complete", 8,
-	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID, OID_INT4, OID_TEXT, OID_BYTEA,
+	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID, OID_INT4, OID_BYTEA, OID_BYTEA,
 	  OID_BOOL},
 	 "UPDATE idempotency_records SET state = 'completed', "
 	 "response_status = $5, response_headers = $6, response_body = $7, "
@@ -68,10 +71,18 @@ static const stmt_def stmts[] = {
 	 {OID_INT4},
 	 "WITH doomed AS (SELECT tenant, operation, idem_key "
 	 "FROM idempotency_records WHERE expires_at <= now() "
+	 "AND (lease_until IS NULL OR lease_until <= now()) "
 	 "LIMIT $1 FOR UPDATE SKIP LOCKED) "
 	 "DELETE FROM idempotency_records t USING doomed "
 	 "WHERE t.tenant = doomed.tenant AND t.operation = doomed.operation "
 	 "AND t.idem_key = doomed.idem_key"},
+	/* After a repeated complete or release wrote nothing: did the first
+	 * try commit? */
+	{"owned_state", 4,
+	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID},
+	 "SELECT state FROM idempotency_records "
+	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
+	 "AND owner_token = $4"},
 	{"processing_stats", 0,
 	 {0},
 	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
@@ -79,7 +90,15 @@ static const stmt_def stmts[] = {
 	 "WHERE state = 'processing'"},
 };
 
-enum { ST_CLAIM, ST_COMPLETE, ST_RELEASE, ST_REAP, ST_PURGE, ST_STATS };
+enum {
+	ST_CLAIM,
+	ST_COMPLETE,
+	ST_RELEASE,
+	ST_REAP,
+	ST_PURGE,
+	ST_OWNED,
+	ST_STATS
+};
 
 store *store_new(const char *url, int64_t statement_timeout_ms)
 {
@@ -104,15 +123,30 @@ static int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
 	pg_link_err(err, errlen, what,
 		    res ? PQresultErrorMessage(res)
 			: PQerrorMessage(s->link.conn));
-	pg_link_drop_if_broken(&s->link);
+	s->outage = pg_link_drop_if_broken(&s->link);
 	return -1;
+}
+
+bool store_outage(const store *s)
+{
+	return s->outage;
+}
+
+void store_new_token(uint8_t out[STORE_TOKEN_LEN])
+{
+	IP_ASSERT(RAND_bytes(out, STORE_TOKEN_LEN) == 1);
+	out[6] = (uint8_t)((out[6] & 0x0f) | 0x40); /* a version 4 UUID */
+	out[8] = (uint8_t)((out[8] & 0x3f) | 0x80);
 }
 
 int store_ensure(store *s, char *err, size_t errlen)
 {
 	bool fresh;
-	if (pg_link_connect(&s->link, &fresh, err, errlen))
+	s->outage = false;
+	if (pg_link_connect(&s->link, &fresh, err, errlen)) {
+		s->outage = true;
 		return -1;
+	}
 	if (!fresh)
 		return 0;
 	for (size_t i = 0; i < sizeof stmts / sizeof stmts[0]; i++) {
@@ -203,7 +237,8 @@ int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
 	int rc = claim_once(s, req, out, err, errlen);
 	/* A connection that broke while idle (database restarted) shows only
 	 * on first use: try once more on a fresh one. Repeating a claim is
-	 * safe: if the first one did take the key, this one sees it in flight. */
+	 * safe: it carries the same owner token, so if the first one did take
+	 * the key, this one carries on as that attempt. */
 	if (rc && was_connected && !s->link.conn)
 		rc = claim_once(s, req, out, err, errlen);
 	return rc;
@@ -218,10 +253,11 @@ static int claim_once(store *s, const claim_req *req, claim_result *out,
 	char lease[8], ttl[8], hold = req->hold_on_unknown ? 1 : 0;
 	put_i64(lease, req->lease_ms);
 	put_i64(ttl, req->ttl_ms);
-	const char *vals[7] = {req->tenant, req->operation, req->key,
-			       (const char *)req->hash, lease, ttl, &hold};
-	int lens[7] = {0, 0, 0, 32, 8, 8, 1};
-	int fmts[7] = {0, 0, 0, 1, 1, 1, 1};
+	const char *vals[8] = {req->tenant, req->operation, req->key,
+			       (const char *)req->hash, lease, ttl, &hold,
+			       (const char *)req->owner};
+	int lens[8] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN};
+	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
 	PGresult *r = run(s, ST_CLAIM, vals, lens, fmts, 1);
 	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
 		PQclear(r);
@@ -281,46 +317,96 @@ static int affected(PGresult *r)
 	return n && *n ? atoi(n) : 0;
 }
 
+/* After a write that changed nothing: when an earlier try of it may have
+ * committed, the row already in the state it would have written, under this
+ * owner, means done; anything else means fenced. */
+static int settle(store *s, const record_key *k, const char *want,
+		  bool *fenced, char *err, size_t errlen)
+{
+	const char *vals[4] = {k->tenant, k->operation, k->key,
+			       (const char *)k->owner};
+	int lens[4] = {0, 0, 0, STORE_TOKEN_LEN};
+	int fmts[4] = {0, 0, 0, 1};
+	PGresult *r = run(s, ST_OWNED, vals, lens, fmts, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "owned_state");
+	if (!rc)
+		*fenced = !(PQntuples(r) == 1 &&
+			    !strcmp(PQgetvalue(r, 0, 0), want));
+	PQclear(r);
+	return rc;
+}
+
+/* One try of a fenced write (complete or release). */
+static int write_once(store *s, int st, const char *want,
+		      const char *const *vals, const int *lens,
+		      const int *fmts, const record_key *k, bool repeat,
+		      bool *fenced, char *err, size_t errlen)
+{
+	*fenced = false;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	PGresult *r = run(s, st, vals, lens, fmts, 0);
+	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, stmts[st].name);
+	bool none = !rc && affected(r) == 0;
+	PQclear(r);
+	if (rc || !none)
+		return rc;
+	if (!repeat) {
+		*fenced = true;
+		return 0;
+	}
+	return settle(s, k, want, fenced, err, errlen);
+}
+
+/* The write, and once more at once on a fresh connection when the one in
+ * hand turned out to be broken: the write is fenced by the owner token, so
+ * repeating it is safe, and the repeat knows the first try may have
+ * committed. */
+static int write_fenced(store *s, int st, const char *want,
+			const char *const *vals, const int *lens,
+			const int *fmts, const record_key *k, bool *fenced,
+			char *err, size_t errlen)
+{
+	bool was_connected = s->link.conn != NULL;
+	int rc = write_once(s, st, want, vals, lens, fmts, k, k->repeat,
+			    fenced, err, errlen);
+	if (rc && was_connected && !s->link.conn)
+		rc = write_once(s, st, want, vals, lens, fmts, k, true,
+				fenced, err, errlen);
+	return rc;
+}
+
 int store_complete(store *s, const record_key *k, int status,
 		   const char *headers, size_t headers_len, const char *body,
 		   size_t body_len, bool replayable, bool *fenced, char *err,
 		   size_t errlen)
 {
-	*fenced = false;
-	if (store_ensure(s, err, errlen))
-		return -1;
 	uint32_t st = htonl((uint32_t)status);
 	char rep = replayable ? 1 : 0;
-	const char *vals[8] = {k->tenant,	 k->operation, k->key,
-			       (const char *)k->owner, (const char *)&st,
-			       headers,		 body ? body : "", &rep};
+	const char *vals[8] = {k->tenant,
+			       k->operation,
+			       k->key,
+			       (const char *)k->owner,
+			       (const char *)&st,
+			       headers ? headers : "",
+			       body ? body : "",
+			       &rep};
 	int lens[8] = {0, 0, 0, STORE_TOKEN_LEN, 4, (int)headers_len,
 		       (int)body_len, 1};
 	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
-	PGresult *r = run(s, ST_COMPLETE, vals, lens, fmts, 0);
-	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "complete");
-	if (!rc)
-		*fenced = affected(r) == 0;
-	PQclear(r);
-	return rc;
+	return write_fenced(s, ST_COMPLETE, "completed", vals, lens, fmts,
+			    k, fenced, err, errlen);
 }
 
 int store_release(store *s, const record_key *k, bool *fenced, char *err,
 		  size_t errlen)
 {
-	*fenced = false;
-	if (store_ensure(s, err, errlen))
-		return -1;
 	const char *vals[4] = {k->tenant, k->operation, k->key,
 			       (const char *)k->owner};
 	int lens[4] = {0, 0, 0, STORE_TOKEN_LEN};
 	int fmts[4] = {0, 0, 0, 1};
-	PGresult *r = run(s, ST_RELEASE, vals, lens, fmts, 0);
-	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "release");
-	if (!rc)
-		*fenced = affected(r) == 0;
-	PQclear(r);
-	return rc;
+	return write_fenced(s, ST_RELEASE, "released", vals, lens, fmts, k,
+			    fenced, err, errlen);
 }
 
 static int batch_stmt(store *s, int st, int batch, int *n, char *err,

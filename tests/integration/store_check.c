@@ -149,9 +149,9 @@ static void expect_row(const char *key, const char *state,
 		     attempt);
 }
 
-static void claim(store *s, const char *key, const uint8_t *hash,
-		  int64_t lease_ms, bool hold, enum claim_decision want,
-		  claim_result *out)
+static void claim_as(store *s, const char *key, const uint8_t *hash,
+		     int64_t lease_ms, bool hold, const uint8_t *owner,
+		     enum claim_decision want, claim_result *out)
 {
 	claim_req req = {
 		.tenant = TENANT,
@@ -161,6 +161,7 @@ static void claim(store *s, const char *key, const uint8_t *hash,
 		.lease_ms = lease_ms,
 		.ttl_ms = TTL_MS,
 		.hold_on_unknown = hold,
+		.owner = owner,
 	};
 	char err[256];
 	if (store_claim(s, &req, out, err, sizeof err))
@@ -168,12 +169,24 @@ static void claim(store *s, const char *key, const uint8_t *hash,
 	if (out->decision != want)
 		fail("claim %s: decision %s, expected %s", key,
 		     decision_name(out->decision), decision_name(want));
+	if ((want == CLAIM_FORWARD || want == CLAIM_TAKEOVER) &&
+	    memcmp(out->owner, owner, STORE_TOKEN_LEN))
+		fail("claim %s: the owner is not the token passed in", key);
+}
+
+static void claim(store *s, const char *key, const uint8_t *hash,
+		  int64_t lease_ms, bool hold, enum claim_decision want,
+		  claim_result *out)
+{
+	uint8_t owner[STORE_TOKEN_LEN];
+	store_new_token(owner);
+	claim_as(s, key, hash, lease_ms, hold, owner, want, out);
 }
 
 static void complete(store *s, const char *key, const uint8_t *owner,
 		     const char *body, bool want_fenced)
 {
-	record_key k = {TENANT, OPERATION, key, owner};
+	record_key k = {TENANT, OPERATION, key, owner, false};
 	static const char headers[] = "Content-Type: application/json\r\n";
 	bool fenced = !want_fenced;
 	char err[256];
@@ -188,7 +201,7 @@ static void complete(store *s, const char *key, const uint8_t *owner,
 static void release(store *s, const char *key, const uint8_t *owner,
 		    bool want_fenced)
 {
-	record_key k = {TENANT, OPERATION, key, owner};
+	record_key k = {TENANT, OPERATION, key, owner, false};
 	bool fenced = !want_fenced;
 	char err[256];
 	if (store_release(s, &k, &fenced, err, sizeof err))
@@ -350,6 +363,65 @@ static void check_hold(store *s)
 	printf("ok %s\n", current);
 }
 
+/* A claim repeated with the same owner token (its first try committed, but
+ * the answer was lost with the connection) carries on as the same attempt,
+ * and writes nothing; so does a repeated takeover. A complete or release
+ * repeated after the first try committed is a success, not "fenced". */
+static void check_repeated_claim(store *s)
+{
+	current = "repeated_claim";
+	const char *key = "repeat";
+	uint8_t t1[STORE_TOKEN_LEN], t2[STORE_TOKEN_LEN];
+	store_new_token(t1);
+	store_new_token(t2);
+	claim_result c;
+	claim_as(s, key, hash_a, 1, false, t1, CLAIM_FORWARD, &c);
+	claim_result_clear(&c);
+	row before;
+	read_row(key, &before);
+	claim_as(s, key, hash_a, 1, false, t1, CLAIM_FORWARD, &c);
+	if (c.attempt != 1)
+		fail("repeated forward: attempt %d", c.attempt);
+	claim_result_clear(&c);
+	expect_untouched(&before, key, "a repeated forward");
+
+	sleep_ms(20);
+	claim_as(s, key, hash_a, 60000, false, t2, CLAIM_TAKEOVER, &c);
+	claim_result_clear(&c);
+	read_row(key, &before);
+	claim_as(s, key, hash_a, 60000, false, t2, CLAIM_TAKEOVER, &c);
+	if (c.attempt != 2 || c.lease_left_ms <= 0 || c.lease_left_ms > 60000)
+		fail("repeated takeover: attempt %d lease_left_ms %lld",
+		     c.attempt, (long long)c.lease_left_ms);
+	claim_result_clear(&c);
+	expect_untouched(&before, key, "a repeated takeover");
+	/* The first attempt's token is stale now. */
+	claim_as(s, key, hash_a, 60000, false, t1, CLAIM_IN_FLIGHT, &c);
+	claim_result_clear(&c);
+
+	record_key k = {TENANT, OPERATION, key, t2, true};
+	bool fenced = true;
+	char err[256];
+	static const char h[] = "Location: /caf\xe9\r\n";
+	for (int i = 0; i < 2; i++) {
+		if (store_complete(s, &k, 201, h, strlen(h), "{}", 2, true,
+				   &fenced, err, sizeof err))
+			fail("repeated complete %d: %s", i, err);
+		if (fenced)
+			fail("repeated complete %d: fenced", i);
+	}
+	claim(s, key, hash_a, 60000, false, CLAIM_REPLAY, &c);
+	if (c.headers_len != strlen(h) || memcmp(c.headers, h, c.headers_len))
+		fail("replayed headers differ from the bytes recorded");
+	claim_result_clear(&c);
+	k.owner = t1;
+	if (store_complete(s, &k, 201, h, strlen(h), "{}", 2, true, &fenced,
+			   err, sizeof err) ||
+	    !fenced)
+		fail("a stale owner's repeated complete was not fenced");
+	printf("ok %s\n", current);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -367,6 +439,7 @@ int main(int argc, char **argv)
 	check_release_is_fenced(s);
 	check_reads_do_not_write(s);
 	check_hold(s);
+	check_repeated_claim(s);
 	store_free(s);
 	PQfinish(db);
 	printf("store_check: all checks passed\n");

@@ -1,0 +1,127 @@
+"""A known outcome is never forgotten while its lease lasts: when the store
+connection broke during the upstream call, the worker reconnects and records
+at once; when the store is still down, the client is answered and the record
+is written in the background as soon as the store is back (until the lease
+ends, and during a SIGTERM's shutdown_grace).
+
+These tests crash and stop PostgreSQL, so they run against a cluster of
+their own (private_pg.py)."""
+import threading
+import time
+
+import pytest
+
+from helpers import TIMEOUT, is_replay, new_key, wait_until
+from private_pg import PrivatePgCluster
+from store_support import PAY, pay, wait_state
+from test_outage import HANG, Outage, counter
+
+
+@pytest.fixture(scope="module")
+def pg_cluster():
+    cluster = PrivatePgCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.dropper.shutdown(wait=True)
+        cluster.stop()
+
+
+def held_request(proxy, stub, key):
+    """Starts pay(proxy, key) in a thread, held at the stub's gate; returns
+    (thread, answers) once the request has reached the upstream."""
+    stub.configure({"prefix": PAY, "key": key, "gate": "hold", "times": 1})
+    answers = []
+    t = threading.Thread(target=lambda: answers.append(pay(proxy, key, timeout=HANG)))
+    t.start()
+    stub.wait_for(key=key)
+    return t, answers
+
+
+def answer(stub, t, answers):
+    stub.release("hold")
+    t.join(HANG + 5)
+    assert answers, "no answer to the client"
+    return answers[0]
+
+
+@pytest.mark.no_replay_cache
+@pytest.mark.parametrize("on_unknown", ["hold", "release_after_lease"])
+def test_answer_is_recorded_after_the_database_crash_restarted_during_the_call(
+        make_proxy, stub, pg, pg_cluster, on_unknown):
+    # The test clusters run with synchronous_commit off, which may lose the
+    # last commits in a crash; a real deployment does not, nor does this.
+    pg.execute("ALTER DATABASE %s SET synchronous_commit = on" % pg.name)
+    proxy = make_proxy(top={"workers": 1},
+                       route_overrides={"create_payment": {"on_unknown": on_unknown}})
+    assert pay(proxy, new_key("warm")).status_code == 201  # the worker is connected
+    key = new_key("crash")
+    t, answers = held_request(proxy, stub, key)
+    try:
+        pg.close()
+        pg_cluster.crash_restart()
+    finally:
+        r = answer(stub, t, answers)
+    assert r.status_code == 201 and not is_replay(r), r.content
+    rec = wait_state(pg, key, "completed")
+    assert rec["attempt"] == 1 and bytes(rec["response_body"]) == r.content
+    again = pay(proxy, key)
+    assert again.status_code == 201 and is_replay(again), again.content
+    assert again.content == r.content
+    assert stub.count(key=key) == 1
+    assert counter(proxy, "idemproxy_events_total", event="record_failed") == 0
+
+
+@pytest.mark.no_replay_cache
+def test_answer_is_recorded_in_the_background_once_the_database_is_back(
+        make_proxy, stub, pg, pg_cluster):
+    proxy = make_proxy(top={"workers": 1})
+    assert pay(proxy, new_key("warm")).status_code == 201
+    key = new_key("later")
+    t, answers = held_request(proxy, stub, key)
+    try:
+        with Outage(pg, pg_cluster):
+            r = answer(stub, t, answers)
+            # answered while the store is still down, not after it is back
+            assert r.status_code == 201 and not is_replay(r), r.content
+            wait_until(lambda: counter(proxy, "idemproxy_events_total",
+                                       event="record_deferred") == 1,
+                       what="the record to be handed to the background")
+    finally:
+        stub.release("hold")
+        t.join(HANG)
+    rec = wait_state(pg, key, "completed", timeout=20)
+    assert rec["attempt"] == 1 and bytes(rec["response_body"]) == r.content
+    again = pay(proxy, key)
+    assert again.status_code == 201 and is_replay(again), again.content
+    assert again.content == r.content
+    assert stub.count(key=key) == 1
+    assert counter(proxy, "idemproxy_events_total", event="record_retried") == 1
+    assert counter(proxy, "idemproxy_events_total", event="record_failed") == 0
+
+
+@pytest.mark.no_replay_cache
+def test_pending_record_is_written_during_the_shutdown_grace(make_proxy, stub, pg,
+                                                            pg_cluster):
+    proxy = make_proxy(top={"workers": 1, "shutdown_grace": "30s"})
+    assert pay(proxy, new_key("warm")).status_code == 201
+    key = new_key("sigterm")
+    t, answers = held_request(proxy, stub, key)
+    try:
+        with Outage(pg, pg_cluster):
+            r = answer(stub, t, answers)
+            assert r.status_code == 201, r.content
+            wait_until(lambda: counter(proxy, "idemproxy_events_total",
+                                       event="record_deferred") == 1,
+                       what="the record to be handed to the background")
+            proxy.proc.terminate()  # SIGTERM while the store is down
+            wait_until(lambda: "shutting down" in proxy.log(), what="the shutdown to begin")
+    finally:
+        stub.release("hold")
+        t.join(HANG)
+    assert proxy.wait_exit(timeout=40) == 0, proxy.log()[-3000:]
+    rec = wait_state(pg, key, "completed")
+    assert bytes(rec["response_body"]) == r.content
+    assert stub.count(key=key) == 1
+    assert "outcome recorded after the store came back" in proxy.log()

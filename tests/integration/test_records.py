@@ -1,0 +1,251 @@
+"""What the store keeps, and for whom: response headers as raw bytes (a
+non-UTF-8 header value is recorded and replayed exactly), leases that never
+outlive their record (no second attempt while one is alive), the owner token
+made by the proxy (a claim repeated after its connection broke carries on as
+the same attempt), and store errors that are not outages (never forwarded
+unprotected, whatever `database.unavailable` says)."""
+import json
+import os
+import threading
+
+import pytest
+import requests
+
+from conftest import ADMIN_TOKEN, ROOT, run_binary
+from helpers import TIMEOUT, assert_problem, is_replay, new_key, raw_request, wait_until
+from misbehaving import RawUpstream, Respond
+from pg_relay import PgRelay
+from store_support import PAY, insert_record, pay, reaper_pass
+
+BODY = b'{"amount":100,"currency":"EUR"}'
+
+
+@pytest.fixture
+def raw():
+    started = []
+
+    def factory(*args, **kw):
+        u = RawUpstream(*args, **kw)
+        started.append(u)
+        return u
+
+    yield factory
+    for u in started:
+        u.stop()
+
+
+def pay_route(upstream, **settings):
+    return [dict({"name": "create_payment", "path": PAY, "upstream": upstream}, **settings)]
+
+
+def raw_pay(proxy, key):
+    return raw_request(proxy.port, "POST", PAY,
+                       [("Idempotency-Key", key), ("Content-Type", "application/json")],
+                       BODY)
+
+
+def admin_get(proxy, key):
+    return requests.get("%s/admin/keys/default/create_payment/%s" % (proxy.admin_url, key),
+                        headers={"Authorization": "Bearer " + ADMIN_TOKEN}, timeout=TIMEOUT)
+
+
+# --- A2: header bytes that are not UTF-8 ----------------------------------------
+
+@pytest.mark.no_replay_cache
+def test_non_utf8_header_value_is_recorded_and_replayed_byte_for_byte(make_proxy, raw, pg):
+    location = b"/v1/payments/caf\xe9"
+    up = raw(lambda req: Respond(201, body=b'{"id":"p1"}',
+                                 headers=[("Content-Type", "application/json"),
+                                          ("Location", location.decode("latin-1"))]))
+    proxy = make_proxy(routes=pay_route(up.url))
+    key = new_key("latin1")
+    first = raw_pay(proxy, key)
+    assert first.status_code == 201, first.content
+    assert first.header("Location").encode("latin-1") == location
+    rec = wait_until(lambda: (pg.record(key) or {}).get("state") == "completed" and pg.record(key),
+                     what="the record to be completed")
+    assert b"Location: " + location + b"\r\n" in bytes(rec["response_headers"])
+
+    again = raw_pay(proxy, key)
+    assert again.status_code == 201 and is_replay(again), again.content
+    assert again.header("Location").encode("latin-1") == location
+    assert again.content == b'{"id":"p1"}'
+    assert up.count(key) == 1
+
+    # The admin API still answers valid JSON; bytes that are not UTF-8 come
+    # as {"base64": ...}, valid UTF-8 as a string.
+    g = admin_get(proxy, key)
+    assert g.status_code == 200, g.text
+    doc = json.loads(g.content.decode("utf-8"))
+    hdrs = dict((n.lower(), v) for n, v in doc["response_headers"])
+    assert hdrs["content-type"] == "application/json"
+    assert hdrs["location"] == {"base64": "L3YxL3BheW1lbnRzL2NhZuk="}
+
+
+# --- A3: a lease never outlives its record ------------------------------------
+
+def test_no_second_attempt_while_a_taken_over_attempt_is_alive(make_proxy, raw, pg):
+    """lease 1 s, ttl 1.5 s: attempt 1 gets no answer, is taken over once
+    its lease ended (attempt 2, which hangs); once the first ttl has passed,
+    a third request must still find attempt 2 in flight."""
+    gate = threading.Event()
+
+    def handler(req):
+        gate.wait(30)
+        return Respond(201)
+
+    up = raw(handler)
+    short = make_proxy(routes=pay_route(up.url, lease="1s", ttl="1500ms",
+                                       upstream_timeout="500ms"))
+    # The same route on a second instance with a long lease, so that
+    # attempt 2 stays alive well past the first ttl on a slow machine.
+    long_lease = make_proxy(routes=pay_route(up.url, lease="20s", ttl="30s",
+                                            upstream_timeout="15s"))
+    key = new_key("lease")
+    answers = []
+    threads = []
+
+    def send(p):
+        t = threading.Thread(target=lambda: answers.append(pay(p, key, timeout=40)))
+        t.start()
+        threads.append(t)
+
+    try:
+        send(short)
+        up.wait_for(1, key=key)
+        wait_until(lambda: pg.query("SELECT lease_until <= now() AS dead FROM "
+                                    "idempotency_records WHERE idem_key = %s",
+                                    (key,))[0]["dead"],
+                   what="attempt 1's lease to end")
+        send(long_lease)
+        up.wait_for(2, key=key)
+        rec = pg.record(key)
+        assert rec["attempt"] == 2 and rec["state"] == "processing", rec
+        wait_until(lambda: pg.query("SELECT now() > created_at + interval '1500 ms' AS past "
+                                    "FROM idempotency_records WHERE idem_key = %s",
+                                    (key,))[0]["past"],
+                   what="the first ttl to pass")
+        r = pay(short, key)
+        assert_problem(r, 409, "idempotency_key_in_use")
+        assert up.count(key) == 2, "a third attempt ran while attempt 2 was alive: %r" % (
+            up.seen(key),)
+        rec = pg.record(key)
+        assert rec["attempt"] == 2 and rec["expires_at"] >= rec["lease_until"], rec
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(40)
+
+
+def test_reaper_never_purges_or_reuses_a_record_with_a_live_lease(make_proxy, stub, pg):
+    proxy = make_proxy(top={"reaper": {"interval": "100ms"}})
+    key = new_key("live-expired")
+    # As a takeover before migration 002 could leave it: lease beyond expiry.
+    insert_record(pg, key, lease="now() + interval '1 hour'",
+                  expires="now() - interval '1 second'")
+    reaper_pass(pg)
+    reaper_pass(pg)
+    assert pg.record(key) is not None, "the reaper purged a record whose lease is alive"
+    r = pay(proxy, key, body={"k": key})
+    assert r.status_code in (409, 422), r.content
+    assert stub.count(key=key) == 0
+    assert pg.record(key)["state"] == "processing"
+
+
+# --- A4: a claim repeated after its connection broke ---------------------------
+
+@pytest.mark.no_replay_cache
+def test_claim_repeated_after_its_answer_was_lost_is_the_same_attempt(
+        make_proxy, stub, pg):
+    relay = PgRelay(pg.cluster.port)
+    try:
+        proxy = make_proxy(top={"workers": 1, "database": {"url": relay.url(pg.name)}})
+        warm = new_key("warm")
+        assert pay(proxy, warm).status_code == 201
+        key = new_key("lost-answer")
+        relay.arm("claim")
+        r = pay(proxy, key)
+        assert relay.tripped == 1, "the relay did not lose the claim's answer"
+        assert r.status_code == 201 and not is_replay(r), r.content
+        assert stub.count(key=key) == 1
+        rec = pg.record(key)
+        assert rec["state"] == "completed" and rec["attempt"] == 1, rec
+        again = pay(proxy, key)
+        assert again.status_code == 201 and is_replay(again)
+        assert again.content == r.content
+        assert stub.count(key=key) == 1
+    finally:
+        relay.stop()
+
+
+# --- D26: an SQL error is not an outage -----------------------------------------
+
+FAILURES = {
+    "serialization_failure": "RAISE EXCEPTION 'idem_claim: key kept changing' "
+                             "USING ERRCODE = '40001';",
+    "statement_timeout": "PERFORM pg_sleep(30);",
+    "other_error": "RAISE EXCEPTION 'boom';",
+}
+
+
+def break_idem_claim(pg, body):
+    """Replaces idem_claim (whatever its arguments) with one that runs body."""
+    rows = pg.query("SELECT pg_get_function_identity_arguments(oid) AS args, "
+                    "pg_get_function_result(oid) AS result FROM pg_proc "
+                    "WHERE proname = 'idem_claim'")
+    assert len(rows) == 1, rows
+    pg.execute("CREATE OR REPLACE FUNCTION idem_claim(%s) RETURNS %s LANGUAGE plpgsql "
+               "VOLATILE AS $f$ BEGIN %s END $f$" % (rows[0]["args"], rows[0]["result"], body))
+
+
+@pytest.mark.parametrize("failure", sorted(FAILURES))
+def test_store_error_on_a_working_connection_is_never_forwarded(make_proxy, stub, pg,
+                                                                failure):
+    proxy = make_proxy(top={"workers": 1, "database": {
+        "url": pg.url, "unavailable": "forward", "statement_timeout": "300ms"}})
+    assert pay(proxy, new_key("before")).status_code == 201
+    seen = stub.count()
+    break_idem_claim(pg, FAILURES[failure])
+    key = new_key("sqlerr")
+    r = pay(proxy, key)
+    assert_problem(r, 503, "idempotency_store_unavailable")
+    assert stub.count() == seen, "forwarded unprotected: %r" % (stub.requests()[seen:],)
+    assert stub.count(key=key) == 0
+
+
+# --- migration 002 on a database that has records -------------------------------
+
+@pytest.mark.no_replay_cache
+def test_migration_002_converts_existing_records(make_proxy, stub, pg):
+    """A database at schema version 1 with a completed record (text headers)
+    and a taken-over one whose lease outlives its expiry: after --migrate,
+    the first replays with the same header bytes, the second is repaired."""
+    with open(os.path.join(ROOT, "sql", "001_records.sql")) as f:
+        pg.execute(f.read())
+    pg.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, "
+               "name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+    pg.execute("INSERT INTO schema_migrations (version, name) VALUES (1, '001_records')")
+    old = new_key("old")
+    taken = new_key("taken")
+    insert_record(pg, taken, lease="now() + interval '2 hours'",
+                  expires="now() + interval '1 hour'")
+    pg.execute("INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, "
+               "state, owner_token, attempt, response_status, response_headers, "
+               "response_body, replayable, expires_at) VALUES ('default', 'create_payment', "
+               "%s, '\\x00'::bytea, 'completed', gen_random_uuid(), 1, 201, "
+               "E'Content-Type: application/json\\r\\nLocation: /v1/payments/caf\\u00e9\\r\\n', "
+               "'{\"id\":\"old\"}'::bytea, true, now() + interval '1 hour')", (old,))
+    conf = make_proxy(migrate=False, start=False)
+    r = run_binary(["-c", conf.conf_path, "--migrate"], env=conf.env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec_headers = pg.record(old)["response_headers"]
+    assert bytes(rec_headers) == (
+        b"Content-Type: application/json\r\nLocation: /v1/payments/caf\xc3\xa9\r\n")
+    rec = pg.record(taken)
+    assert rec["expires_at"] >= rec["lease_until"], rec
+    # The new idem_claim replays it with those bytes.
+    got = pg.query("SELECT o_decision, o_headers FROM idem_claim('default', 'create_payment', "
+                   "%s, '\\x00'::bytea, 1000, 60000, false, gen_random_uuid())", (old,))
+    assert len(got) == 1 and got[0]["o_decision"] == "replay", got
+    assert bytes(got[0]["o_headers"]) == bytes(rec_headers)
+    assert stub.count() == 0
