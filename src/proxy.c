@@ -168,8 +168,8 @@ static void send_upstream(proxy_worker *w, job *j, const route_cfg *r,
 	/* Responses above max_stored_response still pass through; beyond this
 	 * hard bound the proxy will not hold a body in memory. */
 	int64_t cap = j->cfg->max_stored_response * 16;
-	if (cap < (int64_t)256 << 20)
-		cap = (int64_t)256 << 20;
+	if (cap < j->cfg->max_response)
+		cap = j->cfg->max_response;
 	upstream_req req = {
 		.method = j->method,
 		.base = r->upstream,
@@ -201,11 +201,24 @@ static void pass_response(job *j, upstream_resp *resp)
 	memset(&resp->body, 0, sizeof resp->body);
 }
 
+/* The status is known but the body was not held (beyond max_response). */
+static void response_too_large(job *j, const upstream_resp *resp)
+{
+	char d[320];
+	snprintf(d, sizeof d,
+		 "the upstream answered %d with a body too large to pass on "
+		 "(%s)",
+		 resp->status, resp->error);
+	proxy_problem(j, 502, "upstream_response_too_large", d, 0);
+}
+
 static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 {
 	upstream_resp resp;
 	send_upstream(w, j, r, &resp);
-	if (resp.outcome == UP_RESPONSE)
+	if (resp.outcome == UP_RESPONSE && resp.too_large)
+		response_too_large(j, &resp);
+	else if (resp.outcome == UP_RESPONSE)
 		pass_response(j, &resp);
 	else if (resp.outcome == UP_NOT_SENT)
 		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
@@ -306,8 +319,9 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	if (what == REC_RELEASE) {
 		rc = store_release(w->st, k, &fenced, err, sizeof err);
 	} else {
-		replayable =
-			(int64_t)resp->body.len <= j->cfg->max_stored_response;
+		replayable = !resp->too_large &&
+			     (int64_t)resp->body.len <=
+				     j->cfg->max_stored_response;
 		ip_buf *h = &w->scratch;
 		ip_buf_reset(h);
 		idem_encode_replay_headers(r, &resp->headers, h);
@@ -350,7 +364,10 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,
 				resp.status);
 	record(w, j, p, c, &k, what, &resp);
-	if (got) {
+	if (got && resp.too_large) {
+		j->outcome = "forwarded";
+		response_too_large(j, &resp);
+	} else if (got) {
 		j->outcome = "forwarded";
 		pass_response(j, &resp);
 	} else if (resp.outcome == UP_NOT_SENT) {
