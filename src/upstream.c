@@ -129,11 +129,15 @@ static int find_socket(const upstream *u, int port, int lport)
 
 /* Is anything waiting to be read on fd (bytes, an end of stream, an error)?
  * Before a request is written nothing may be: whatever waits would be read
- * as the answer to it. */
-static bool unread_input(int fd)
+ * as the answer to it. With bytes_only, only bytes count (an upstream may
+ * close an idle connection right after a response; libcurl notices that
+ * itself before reusing it). */
+static bool unread_input(int fd, bool bytes_only)
 {
 	char c;
 	ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (bytes_only)
+		return n > 0;
 	return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK &&
 			  errno != EINTR);
 }
@@ -152,7 +156,7 @@ static int on_prereq(void *p, char *ip, char *lip, int port, int lport)
 		return CURL_PREREQFUNC_ABORT;
 	}
 	int fd = find_socket(u, port, lport);
-	if (fd >= 0 && unread_input(fd)) {
+	if (fd >= 0 && unread_input(fd, false)) {
 		u->stale = true;
 		return CURL_PREREQFUNC_ABORT;
 	}
@@ -366,7 +370,7 @@ static CURLcode perform(upstream *u)
 			if (rc == CURLE_OK &&
 			    curl_easy_getinfo(u->h, CURLINFO_ACTIVESOCKET,
 					      &fd) == CURLE_OK &&
-			    fd != CURL_SOCKET_BAD && unread_input(fd))
+			    fd != CURL_SOCKET_BAD && unread_input(fd, true))
 				u->framing_off = true;
 			break;
 		}
@@ -395,7 +399,7 @@ static void drop_connections(upstream *u)
 /* Sends the request; when libcurl picked a connection with unread input,
  * nothing was written: that connection is closed and the request goes once
  * more, on a fresh one. */
-static CURLcode perform_once(upstream *u, const upstream_req *req)
+static CURLcode perform_attempt(upstream *u, const upstream_req *req)
 {
 	CURLcode rc = CURLE_OK;
 	for (int round = 0; round < 2; round++) {
@@ -408,12 +412,12 @@ static CURLcode perform_once(upstream *u, const upstream_req *req)
 		if (u->stale || u->framing_off) {
 			metrics_event("upstream_connection_desync");
 			log_warn(u->stale ? "upstream connection had unread "
-					    "bytes before a request; closed it"
+					    "input before a request; closed it"
 					  : "upstream sent more than its "
 					    "response; closed the connection",
 				 "upstream=%s%s", req->base,
 				 u->stale && round == 0
-					 ? " resending_on=fresh_connection"
+					 ? " retry=fresh_connection"
 					 : "");
 			drop_connections(u);
 		}
@@ -447,7 +451,7 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	set_method(h, req);
 
 	double t0 = ip_now_ms();
-	CURLcode rc = perform_once(u, req);
+	CURLcode rc = perform_attempt(u, req);
 	out->ms = ip_now_ms() - t0;
 
 	long status = 0;

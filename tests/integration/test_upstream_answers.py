@@ -9,7 +9,7 @@ import pytest
 
 from helpers import assert_problem, is_replay, new_key, raw_request, wait_until
 from misbehaving import Chunked, RawUpstream, Respond, Wire, response_head
-from store_support import PAY, pay
+from store_support import PAY, metrics, pay
 
 
 @pytest.fixture
@@ -107,6 +107,11 @@ def test_bytes_nobody_asked_for_never_reach_another_client(make_proxy, raw, pg, 
         r = pay(proxy, keys[t], headers={"X-Tenant-Id": t})
         assert is_replay(r) and r.json()["key"] == keys[t] and r.json()["tenant"] == t
     assert up.count() == 4
+    if delay is not None:
+        # the proxy refused the stale connection itself (in the same write,
+        # libcurl sees the excess while reading and closes it)
+        assert metrics(proxy).get(
+            'idemproxy_events_total{event="upstream_connection_desync"}', 0) >= 1
 
 
 # --- B9: trailers ------------------------------------------------------------
