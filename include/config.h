@@ -57,6 +57,7 @@ typedef struct config {
 	int64_t max_header_size; /* request line + headers; larger -> 431 */
 	int64_t max_request_body;
 	int64_t max_stored_response;
+	int64_t max_response; /* held in memory: at least 16 x the above */
 	int64_t replay_cache_size;  /* bytes; 0 disables the replay cache */
 	int64_t replay_cache_ttl_ms; /* longest a cached replay is trusted */
 	int64_t shutdown_grace_ms;

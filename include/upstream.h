@@ -18,7 +18,7 @@ upstream *upstream_new(void);
 void upstream_free(upstream *u);
 
 enum upstream_outcome {
-	UP_RESPONSE,  /* a complete response arrived */
+	UP_RESPONSE,  /* a response arrived (complete, or too_large) */
 	UP_NOT_SENT,  /* no connection could be made: nothing was sent */
 	UP_UNKNOWN,   /* sent, but no complete response: outcome unknown */
 };
@@ -31,20 +31,26 @@ typedef struct upstream_req {
 	const char *body;
 	size_t body_len;
 	int64_t timeout_ms;
-	int64_t max_response;    /* a larger body aborts the transfer */
+	int64_t max_response;    /* a larger body is not held: too_large */
 } upstream_req;
 
 typedef struct upstream_resp {
 	enum upstream_outcome outcome;
 	int status;
-	header_list headers;     /* without hop-by-hop and framing headers */
+	header_list headers;     /* without hop-by-hop and framing headers,
+				  * those named in Connection, and trailers */
 	ip_buf body;
+	/* The body went past max_response: the transfer was cut (and its
+	 * connection closed), the status is known, the body is empty. */
+	bool too_large;
 	char error[256];
 	double ms;
 } upstream_resp;
 
 /* Never sends the attempt twice: libcurl's silent resend on a reused
- * connection is refused, and reported as an unknown outcome. */
+ * connection is refused, and reported as an unknown outcome. Never writes it
+ * to a connection with unread input (it goes on a fresh connection instead),
+ * and never keeps a connection with bytes left after its response. */
 void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out);
 void upstream_resp_free(upstream_resp *r);
 

@@ -143,10 +143,12 @@ void idem_encode_replay_headers(const route_cfg *r, const header_list *h,
 	for (size_t i = 0; i < h->n; i++) {
 		const http_header *x = &h->v[i];
 		/* Set-Cookie and Date are never replayed, whatever the conf
-		 * says (the loader refuses them too). */
+		 * says (the loader refuses them too); the content coding is
+		 * part of the body and always goes with it. */
 		if (ip_strcaseeq(x->name, "Set-Cookie") ||
 		    ip_strcaseeq(x->name, "Date") ||
-		    !is_replay_header(r, x->name))
+		    (!is_replay_header(r, x->name) &&
+		     !ip_strcaseeq(x->name, "Content-Encoding")))
 			continue;
 		if (strpbrk(x->value, "\r\n"))
 			continue;

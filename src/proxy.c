@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "coding.h"
 #include "fingerprint.h"
 #include "idem.h"
 #include "log.h"
@@ -126,6 +127,9 @@ static void build_upstream_headers(const job *j, header_list *out)
 	const header_list *in = &j->req_headers;
 	const char *xff = NULL, *host = header_list_get(in, "Host");
 	bool has_proto = false, has_fwd_host = false, has_rid = false;
+	/* A protected answer may be replayed to a retry that cannot read its
+	 * coding: ask only for codings the proxy can decode. */
+	bool protected = j->plan && j->plan->action == IDEM_CLAIM;
 	for (size_t i = 0; i < in->n; i++) {
 		const http_header *h = &in->v[i];
 		if (upstream_is_hop_header(h->name) ||
@@ -137,6 +141,8 @@ static void build_upstream_headers(const job *j, header_list *out)
 			xff = h->value;
 			continue;
 		}
+		if (protected && ip_strcaseeq(h->name, "Accept-Encoding"))
+			continue;
 		if (ip_strcaseeq(h->name, "X-Forwarded-Proto"))
 			has_proto = true;
 		if (ip_strcaseeq(h->name, "X-Forwarded-Host"))
@@ -152,7 +158,6 @@ static void build_upstream_headers(const job *j, header_list *out)
 	else
 		ip_buf_puts(&v, j->client_ip);
 	header_list_add(out, "X-Forwarded-For", 15, v.data, v.len);
-	ip_buf_free(&v);
 	if (!has_proto)
 		header_list_add(out, "X-Forwarded-Proto", 17, "http", 4);
 	if (!has_fwd_host && host)
@@ -161,6 +166,17 @@ static void build_upstream_headers(const job *j, header_list *out)
 	if (!has_rid)
 		header_list_add(out, "X-Request-Id", 12, j->request_id,
 				strlen(j->request_id));
+	if (protected && coding_upstream_accept(in, &v))
+		header_list_add(out, "Accept-Encoding", 15, v.data, v.len);
+	ip_buf_free(&v);
+}
+
+/* Responses above max_stored_response still pass through; beyond this hard
+ * bound the proxy will not hold a body in memory. */
+static int64_t response_cap(const config *cfg)
+{
+	int64_t cap = cfg->max_stored_response * 16;
+	return cap < cfg->max_response ? cfg->max_response : cap;
 }
 
 static void send_upstream(proxy_worker *w, job *j, const route_cfg *r,
@@ -168,11 +184,7 @@ static void send_upstream(proxy_worker *w, job *j, const route_cfg *r,
 {
 	header_list hdrs = {0};
 	build_upstream_headers(j, &hdrs);
-	/* Responses above max_stored_response still pass through; beyond this
-	 * hard bound the proxy will not hold a body in memory. */
-	int64_t cap = j->cfg->max_stored_response * 16;
-	if (cap < (int64_t)256 << 20)
-		cap = (int64_t)256 << 20;
+	int64_t cap = response_cap(j->cfg);
 	upstream_req req = {
 		.method = j->method,
 		.base = r->upstream,
@@ -204,11 +216,24 @@ static void pass_response(job *j, upstream_resp *resp)
 	memset(&resp->body, 0, sizeof resp->body);
 }
 
+/* The status is known but the body was not held (beyond max_response). */
+static void response_too_large(job *j, const upstream_resp *resp)
+{
+	char d[320];
+	snprintf(d, sizeof d,
+		 "the upstream answered %d with a body too large to pass on "
+		 "(%s)",
+		 resp->status, resp->error);
+	proxy_problem(j, 502, "upstream_response_too_large", d, 0);
+}
+
 static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 {
 	upstream_resp resp;
 	send_upstream(w, j, r, &resp);
-	if (resp.outcome == UP_RESPONSE)
+	if (resp.outcome == UP_RESPONSE && resp.too_large)
+		response_too_large(j, &resp);
+	else if (resp.outcome == UP_RESPONSE)
 		pass_response(j, &resp);
 	else if (resp.outcome == UP_NOT_SENT)
 		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
@@ -242,6 +267,45 @@ static void compute_fingerprint(const job *j, const route_cfg *r,
 	free(values);
 }
 
+/* The stored coding goes with the body whatever replay_headers says; a
+ * retry that does not accept it gets the body decoded. What cannot be
+ * decoded is replayed as stored, labelled with its coding. */
+static void replay_body(job *j, const char *body, size_t body_len)
+{
+	ip_buf ce = {0};
+	ip_buf_reset(&j->resp_body);
+	if (coding_of(&j->resp_headers, &ce) &&
+	    !coding_accepted(&j->req_headers, ce.data)) {
+		char err[160];
+		if (coding_decode(ce.data, body, body_len,
+				  response_cap(j->cfg), &j->resp_body, err,
+				  sizeof err) == 0) {
+			coding_mark_decoded(&j->resp_headers);
+			ip_buf_free(&ce);
+			return;
+		}
+		log_warn("stored response not decoded; replayed in its coding",
+			 "request_id=%s coding=%s %s", j->request_id, ce.data,
+			 err);
+	}
+	ip_buf_free(&ce);
+	ip_buf_append(&j->resp_body, body, body_len);
+}
+
+/* Would this replay decode its body? Not work for the event thread. */
+static bool replay_decodes(const job *j, const char *headers,
+			   size_t headers_len)
+{
+	header_list h = {0};
+	ip_buf ce = {0};
+	idem_decode_replay_headers(headers, headers_len, &h);
+	bool r = coding_of(&h, &ce) && !coding_accepted(&j->req_headers,
+							 ce.data);
+	ip_buf_free(&ce);
+	header_list_free(&h);
+	return r;
+}
+
 static void respond_replay(job *j, int status, const char *headers,
 			   size_t headers_len, const char *body,
 			   size_t body_len)
@@ -252,8 +316,7 @@ static void respond_replay(job *j, int status, const char *headers,
 	idem_decode_replay_headers(headers, headers_len, &j->resp_headers);
 	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true",
 			4);
-	ip_buf_reset(&j->resp_body);
-	ip_buf_append(&j->resp_body, body, body_len);
+	replay_body(j, body, body_len);
 }
 
 /* How long this process may trust a completed record from its cache. */
@@ -340,8 +403,9 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	if (what == REC_RELEASE) {
 		rc = store_release(w->st, k, &fenced, err, sizeof err);
 	} else {
-		replayable =
-			(int64_t)resp->body.len <= j->cfg->max_stored_response;
+		replayable = !resp->too_large &&
+			     (int64_t)resp->body.len <=
+				     j->cfg->max_stored_response;
 		idem_encode_replay_headers(r, &resp->headers, h);
 		rc = store_complete(w->st, k, resp->status, h->data ? h->data : "",
 				    h->len, replayable ? resp->body.data : NULL,
@@ -385,7 +449,10 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,
 				resp.status);
 	record(w, j, p, c, &k, what, &resp, lease_end_ms);
-	if (got) {
+	if (got && resp.too_large) {
+		j->outcome = "forwarded";
+		response_too_large(j, &resp);
+	} else if (got) {
 		j->outcome = "forwarded";
 		pass_response(j, &resp);
 	} else if (resp.outcome == UP_NOT_SENT) {
@@ -538,6 +605,10 @@ bool proxy_fast_path(void *arg, job *j)
 	ip_buf h = {0}, b = {0};
 	bool hit = replay_cache_get(sh->cache, &k, j->fp, ip_now_ms(), &status,
 				    &h, &b);
+	/* A body to decode is left to a worker, which replays it from the
+	 * store the same way. */
+	if (hit && replay_decodes(j, h.data ? h.data : "", h.len))
+		hit = false;
 	if (hit) {
 		respond_replay(j, status, h.data ? h.data : "", h.len,
 			       b.data ? b.data : "", b.len);

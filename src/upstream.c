@@ -1,12 +1,19 @@
 #include "upstream.h"
 
+#include <arpa/inet.h>
 #include <curl/curl.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "busy.h"
+#include "log.h"
+#include "metrics.h"
 
 /* Idle upstream connections older than this are not reused: it must stay
  * below the upstream's own keep-alive timeout, or a request can be written to
@@ -18,11 +25,20 @@
 struct upstream {
 	CURL *h;
 	CURLM *m; /* owns the kept-alive connections */
-	/* per transfer */
-	int prereq_calls;
+	/* every socket libcurl has open for this handle, to look at the one a
+	 * request is about to be written to */
+	int *socks;
+	size_t n_socks, cap_socks;
+	/* per attempt */
+	int sends;          /* requests written (libcurl's resend is refused) */
+	bool resend_refused;
+	bool stale;         /* refused a connection with unread bytes */
+	bool framing_off;   /* bytes were left after the response */
+	/* per response */
+	bool headers_done;  /* the final response's header block has ended */
+	ip_buf conn_tokens; /* the response's Connection header values */
 	upstream_resp *resp;
 	int64_t max_response;
-	bool too_large;
 };
 
 int upstream_global_init(void)
@@ -34,8 +50,11 @@ void upstream_free(upstream *u)
 {
 	if (!u)
 		return;
+	/* Closes the kept-alive connections through on_close_socket. */
 	curl_multi_cleanup(u->m);
 	curl_easy_cleanup(u->h);
+	ip_buf_free(&u->conn_tokens);
+	free(u->socks);
 	free(u);
 }
 
@@ -45,22 +64,145 @@ static const char *const hop_headers[] = {
 	"Proxy-Authenticate", "Proxy-Authorization",
 };
 
-bool upstream_is_hop_header(const char *name)
+static bool is_hop_header_n(const char *name, size_t n)
 {
 	for (size_t i = 0; i < sizeof hop_headers / sizeof hop_headers[0]; i++)
-		if (ip_strcaseeq(name, hop_headers[i]))
+		if (strlen(hop_headers[i]) == n &&
+		    ip_strncaseeq(name, hop_headers[i], n))
 			return true;
 	return false;
 }
 
-/* Called before the request is written on a connection. A second call in one
- * transfer is libcurl retrying the request on a fresh connection after a
- * reused one died: the first copy may have been processed, so refuse. */
+bool upstream_is_hop_header(const char *name)
+{
+	return is_hop_header_n(name, strlen(name));
+}
+
+/* --- the sockets under the connections ------------------------------------ */
+
+static int on_sockopt(void *p, curl_socket_t fd, curlsocktype purpose)
+{
+	upstream *u = p;
+	if (u->n_socks == u->cap_socks) {
+		u->cap_socks = u->cap_socks ? 2 * u->cap_socks : 8;
+		u->socks = xrealloc(u->socks, u->cap_socks * sizeof *u->socks);
+	}
+	u->socks[u->n_socks++] = fd;
+	return CURL_SOCKOPT_OK;
+}
+
+static int on_close_socket(void *p, curl_socket_t fd)
+{
+	upstream *u = p;
+	for (size_t i = 0; i < u->n_socks; i++)
+		if (u->socks[i] == fd) {
+			u->socks[i] = u->socks[--u->n_socks];
+			break;
+		}
+	return close(fd);
+}
+
+static int sock_port(const struct sockaddr_storage *ss)
+{
+	if (ss->ss_family == AF_INET)
+		return ntohs(((const struct sockaddr_in *)ss)->sin_port);
+	if (ss->ss_family == AF_INET6)
+		return ntohs(((const struct sockaddr_in6 *)ss)->sin6_port);
+	return -1;
+}
+
+/* The socket of the connection with these ports, or -1. */
+static int find_socket(const upstream *u, int port, int lport)
+{
+	for (size_t i = 0; i < u->n_socks; i++) {
+		struct sockaddr_storage a, b;
+		socklen_t al = sizeof a, bl = sizeof b;
+		int fd = u->socks[i];
+		if (getsockname(fd, (struct sockaddr *)&a, &al) ||
+		    getpeername(fd, (struct sockaddr *)&b, &bl))
+			continue;
+		if (sock_port(&a) == lport && sock_port(&b) == port)
+			return fd;
+	}
+	return -1;
+}
+
+/* Is anything waiting to be read on fd (bytes, an end of stream, an error)?
+ * Before a request is written nothing may be: whatever waits would be read
+ * as the answer to it. With bytes_only, only bytes count (an upstream may
+ * close an idle connection right after a response; libcurl notices that
+ * itself before reusing it). */
+static bool unread_input(int fd, bool bytes_only)
+{
+	char c;
+	ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (bytes_only)
+		return n > 0;
+	return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK &&
+			  errno != EINTR);
+}
+
+/* Called before the request is written on a connection. A second call after
+ * a write in one transfer is libcurl resending the request on a fresh
+ * connection after a reused one died: the first copy may have been
+ * processed, so refuse. A connection with unread input (a late or
+ * unsolicited response, a body longer than its Content-Length) is refused
+ * before anything is written: the attempt is retried on a fresh connection. */
 static int on_prereq(void *p, char *ip, char *lip, int port, int lport)
 {
 	upstream *u = p;
-	return ++u->prereq_calls > 1 ? CURL_PREREQFUNC_ABORT
-				     : CURL_PREREQFUNC_OK;
+	if (u->sends > 0) {
+		u->resend_refused = true;
+		return CURL_PREREQFUNC_ABORT;
+	}
+	int fd = find_socket(u, port, lport);
+	if (fd >= 0 && unread_input(fd, false)) {
+		u->stale = true;
+		return CURL_PREREQFUNC_ABORT;
+	}
+	u->sends++;
+	return CURL_PREREQFUNC_OK;
+}
+
+/* --- the response --------------------------------------------------------- */
+
+/* Is [name, name + n) listed in one of the Connection header values
+ * collected in tokens (NUL-separated)? */
+static bool in_tokens(const ip_buf *tokens, const char *name, size_t n)
+{
+	const char *p = tokens->data, *end = p + tokens->len;
+	while (p && p < end) {
+		const char *e = memchr(p, ',', (size_t)(end - p));
+		const char *s = p, *t = e ? e : end;
+		while (s < t && (*s == ' ' || *s == '\t'))
+			s++;
+		while (t > s && (t[-1] == ' ' || t[-1] == '\t'))
+			t--;
+		if ((size_t)(t - s) == n && ip_strncaseeq(s, name, n))
+			return true;
+		p = e ? e + 1 : end;
+	}
+	return false;
+}
+
+/* RFC 9110 7.6.1: the headers the Connection header names describe the
+ * connection, not the message. */
+static void strip_connection_named(upstream *u)
+{
+	header_list *h = &u->resp->headers;
+	if (!u->conn_tokens.len)
+		return;
+	size_t k = 0;
+	for (size_t i = 0; i < h->n; i++) {
+		if (in_tokens(&u->conn_tokens, h->v[i].name,
+			      strlen(h->v[i].name))) {
+			free(h->v[i].name);
+			free(h->v[i].value);
+			continue;
+		}
+		h->v[k++] = h->v[i];
+	}
+	h->n = k;
 }
 
 static size_t on_header(char *buf, size_t size, size_t n, void *p)
@@ -70,11 +212,24 @@ static size_t on_header(char *buf, size_t size, size_t n, void *p)
 	if (len >= 5 && !memcmp(buf, "HTTP/", 5)) {
 		/* A new response (after 100 Continue, say): start over. */
 		header_list_free(&u->resp->headers);
+		ip_buf_reset(&u->conn_tokens);
+		u->headers_done = false;
 		return len;
 	}
+	/* After the header block only trailers come (libcurl hands them to
+	 * this callback too): they are never headers, never passed on, never
+	 * stored. */
+	if (u->headers_done)
+		return len;
 	const char *colon = memchr(buf, ':', len);
-	if (!colon)
-		return len; /* the blank line, or garbage */
+	if (!colon) {
+		/* the blank line that ends the block (or garbage) */
+		if (len <= 2) {
+			u->headers_done = true;
+			strip_connection_named(u);
+		}
+		return len;
+	}
 	size_t nlen = (size_t)(colon - buf);
 	const char *v = colon + 1, *end = buf + len;
 	while (v < end && (*v == ' ' || *v == '\t'))
@@ -82,12 +237,16 @@ static size_t on_header(char *buf, size_t size, size_t n, void *p)
 	while (end > v && (end[-1] == '\r' || end[-1] == '\n' ||
 			   end[-1] == ' ' || end[-1] == '\t'))
 		end--;
-	char name[128];
-	if (nlen == 0 || nlen >= sizeof name)
+	if (nlen == 0)
 		return len;
-	memcpy(name, buf, nlen);
-	name[nlen] = '\0';
-	if (upstream_is_hop_header(name) || ip_strcaseeq(name, "Date"))
+	if (nlen == 10 && ip_strncaseeq(buf, "Connection", 10)) {
+		if (u->conn_tokens.len)
+			ip_buf_puts(&u->conn_tokens, ",");
+		ip_buf_append(&u->conn_tokens, v, (size_t)(end - v));
+		return len;
+	}
+	if (is_hop_header_n(buf, nlen) ||
+	    (nlen == 4 && ip_strncaseeq(buf, "Date", 4)))
 		return len;
 	header_list_add(&u->resp->headers, buf, nlen, v, (size_t)(end - v));
 	return len;
@@ -98,8 +257,8 @@ static size_t on_body(char *buf, size_t size, size_t n, void *p)
 	upstream *u = p;
 	size_t len = size * n;
 	if ((int64_t)(u->resp->body.len + len) > u->max_response) {
-		u->too_large = true;
-		return 0; /* aborts the transfer */
+		u->resp->too_large = true;
+		return 0; /* aborts the transfer (and closes the connection) */
 	}
 	ip_buf_append(&u->resp->body, buf, len);
 	return len;
@@ -125,6 +284,10 @@ upstream *upstream_new(void)
 	curl_easy_setopt(h, CURLOPT_PROXY, "");
 	curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, on_prereq);
 	curl_easy_setopt(h, CURLOPT_PREREQDATA, u);
+	curl_easy_setopt(h, CURLOPT_SOCKOPTFUNCTION, on_sockopt);
+	curl_easy_setopt(h, CURLOPT_SOCKOPTDATA, u);
+	curl_easy_setopt(h, CURLOPT_CLOSESOCKETFUNCTION, on_close_socket);
+	curl_easy_setopt(h, CURLOPT_CLOSESOCKETDATA, u);
 	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(h, CURLOPT_HEADERDATA, u);
 	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -200,6 +363,15 @@ static CURLcode perform(upstream *u)
 			CURLMsg *m = curl_multi_info_read(u->m, &left);
 			if (m && m->msg == CURLMSG_DONE)
 				rc = m->data.result;
+			/* Still attached: the connection just used, if it is
+			 * kept. Bytes already waiting after a complete
+			 * response mean its framing was off. */
+			curl_socket_t fd = CURL_SOCKET_BAD;
+			if (rc == CURLE_OK &&
+			    curl_easy_getinfo(u->h, CURLINFO_ACTIVESOCKET,
+					      &fd) == CURLE_OK &&
+			    fd != CURL_SOCKET_BAD && unread_input(fd, true))
+				u->framing_off = true;
 			break;
 		}
 		if (spin && ip_now_ms() < deadline) {
@@ -215,14 +387,54 @@ static CURLcode perform(upstream *u)
 	return rc;
 }
 
+/* libcurl has no call to close one kept-alive connection: a new multi
+ * handle closes them all (each worker has a handful at most). */
+static void drop_connections(upstream *u)
+{
+	curl_multi_cleanup(u->m);
+	u->m = curl_multi_init();
+	IP_ASSERT(u->m);
+}
+
+/* Sends the request; when libcurl picked a connection with unread input,
+ * nothing was written: that connection is closed and the request goes once
+ * more, on a fresh one. */
+static CURLcode perform_attempt(upstream *u, const upstream_req *req)
+{
+	CURLcode rc = CURLE_OK;
+	for (int round = 0; round < 2; round++) {
+		u->stale = u->framing_off = false;
+		header_list_free(&u->resp->headers);
+		ip_buf_reset(&u->resp->body);
+		ip_buf_reset(&u->conn_tokens);
+		u->headers_done = false;
+		rc = perform(u);
+		if (u->stale || u->framing_off) {
+			metrics_event("upstream_connection_desync");
+			log_warn(u->stale ? "upstream connection had unread "
+					    "input before a request; closed it"
+					  : "upstream sent more than its "
+					    "response; closed the connection",
+				 "upstream=%s%s", req->base,
+				 u->stale && round == 0
+					 ? " retry=fresh_connection"
+					 : "");
+			drop_connections(u);
+		}
+		if (!u->stale || u->sends > 0)
+			break;
+	}
+	return rc;
+}
+
 void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 {
 	memset(out, 0, sizeof *out);
 	CURL *h = u->h;
-	u->prereq_calls = 0;
+	u->sends = 0;
+	u->resend_refused = false;
 	u->resp = out;
 	u->max_response = req->max_response;
-	u->too_large = false;
 
 	ip_buf url = {0};
 	ip_buf_puts(&url, req->base);
@@ -239,24 +451,33 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	set_method(h, req);
 
 	double t0 = ip_now_ms();
-	CURLcode rc = perform(u);
+	CURLcode rc = perform_attempt(u, req);
 	out->ms = ip_now_ms() - t0;
 
-	if (rc == CURLE_OK) {
-		long status = 0;
+	long status = 0;
+	if (rc == CURLE_OK || out->too_large) {
 		curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
-		out->outcome = UP_RESPONSE;
 		out->status = (int)status;
+	}
+	if (rc == CURLE_OK) {
+		out->outcome = UP_RESPONSE;
+	} else if (out->too_large && status >= 200) {
+		/* The status is known, only the body is not held. */
+		out->outcome = UP_RESPONSE;
+		ip_buf_free(&out->body);
+		snprintf(out->error, sizeof out->error,
+			 "response larger than %lld bytes",
+			 (long long)req->max_response);
 	} else {
-		out->outcome = u->prereq_calls == 0 ? UP_NOT_SENT : UP_UNKNOWN;
-		if (u->prereq_calls > 1)
+		out->outcome = u->sends == 0 ? UP_NOT_SENT : UP_UNKNOWN;
+		if (u->resend_refused)
 			snprintf(out->error, sizeof out->error,
 				 "connection lost after the request was sent; "
 				 "not resending");
-		else if (u->too_large)
+		else if (u->stale)
 			snprintf(out->error, sizeof out->error,
-				 "response larger than %lld bytes",
-				 (long long)req->max_response);
+				 "the upstream sent bytes before the request "
+				 "was written; not sent");
 		else
 			snprintf(out->error, sizeof out->error, "%s",
 				 curl_easy_strerror(rc));

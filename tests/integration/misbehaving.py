@@ -17,6 +17,14 @@ may block, e.g. on a threading.Barrier). Actions:
                     the headers and half of a size-byte body, then close
   Sleep(seconds, then)
                     wait, then do `then` (the client may be gone by then)
+  Respond(..., extra=b"...", extra_delay=None)
+                    after the response, bytes nobody asked for: in the same
+                    write (extra_delay None) or in a write of their own after
+                    extra_delay seconds; counted in extra_sent once written
+  Chunked(status=200, chunks, headers=None, trailers=None)
+                    a chunked response, trailer fields after the last chunk
+  Wire(data, close=False)
+                    these exact bytes as the response
 """
 import json
 import select
@@ -32,10 +40,27 @@ MAX_HEAD = 64 * 1024
 
 
 class Respond:
-    def __init__(self, status=201, body=None, headers=None, close=False):
+    def __init__(self, status=201, body=None, headers=None, close=False, extra=b"",
+                 extra_delay=None):
         self.status = status
         self.body = body
         self.headers = list(headers or [])
+        self.close = close
+        self.extra = extra
+        self.extra_delay = extra_delay
+
+
+class Chunked:
+    def __init__(self, status=200, chunks=(), headers=None, trailers=None):
+        self.status = status
+        self.chunks = list(chunks)
+        self.headers = list(headers or [])
+        self.trailers = list(trailers or [])
+
+
+class Wire:
+    def __init__(self, data, close=False):
+        self.data = data
         self.close = close
 
 
@@ -99,6 +124,7 @@ class RawUpstream:
         self.accepted = 0
         self.open = 0
         self.closed_idle = 0
+        self.extra_sent = 0
         self._conns = set()
         self._stopping = threading.Event()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -274,16 +300,42 @@ class RawUpstream:
             conn.sendall(response_head(action.status, [("Content-Type", "text/plain")],
                                        len(body), close=False) + body[:len(body) // 2])
             return False
+        if isinstance(action, Wire):
+            conn.sendall(action.data)
+            return not action.close
+        if isinstance(action, Chunked):
+            out = response_head(action.status, action.headers + [
+                ("Transfer-Encoding", "chunked")], None, False)
+            for c in action.chunks:
+                out += b"%x\r\n" % len(c) + c + b"\r\n"
+            out += b"0\r\n" + "".join("%s: %s\r\n" % t for t in action.trailers).encode(
+                "latin-1") + b"\r\n"
+            conn.sendall(out)
+            return True
         if isinstance(action, Respond):
             body = action.body
             headers = list(action.headers)
             if body is None:
                 body = json.dumps({"id": uuid.uuid4().hex, "seq": req.seq,
-                                   "conn": req.conn_id}).encode()
+                                   "conn": req.conn_id, "key": req.key}).encode()
                 headers.append(("Content-Type", "application/json"))
-            conn.sendall(response_head(action.status, headers, len(body), action.close) + body)
+            data = response_head(action.status, headers, len(body), action.close) + body
+            if action.extra and action.extra_delay is None:
+                conn.sendall(data + action.extra)
+                self._count_extra()
+            else:
+                conn.sendall(data)
+            if action.extra and action.extra_delay is not None:
+                self._stopping.wait(action.extra_delay)
+                conn.sendall(action.extra)
+                self._count_extra()
             return not action.close
         raise TypeError("unknown action %r" % (action,))
+
+
+    def _count_extra(self):
+        with self.lock:
+            self.extra_sent += 1
 
 
 def parse_head(head):
@@ -305,7 +357,8 @@ REASONS = {200: "OK", 201: "Created", 402: "Payment Required", 503: "Service Una
 def response_head(status, headers, length, close):
     lines = ["HTTP/1.1 %d %s" % (status, REASONS.get(status, "Status"))]
     lines += ["%s: %s" % (k, v) for k, v in headers]
-    lines.append("Content-Length: %d" % length)
+    if length is not None:
+        lines.append("Content-Length: %d" % length)
     if close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
