@@ -2,6 +2,7 @@
 
 #include <openssl/sha.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void reject(idem_plan *p, int status, const char *code,
@@ -73,7 +74,20 @@ void idem_plan_request(const config *cfg, const char *method,
 		       const header_list *headers, idem_plan *p)
 {
 	memset(p, 0, sizeof *p);
-	const route_cfg *r = config_match_route(cfg, path, path_len);
+	/* Routed on the normalised path, forwarded as sent: every spelling of
+	 * a path is governed by the route of that path. */
+	char *norm = xmalloc(path_len + 1);
+	size_t nlen;
+	const char *pwhy;
+	if (pathtpl_normalize(path, path_len, norm, &nlen, &pwhy) < 0) {
+		free(norm);
+		char d[160];
+		snprintf(d, sizeof d, "the path is refused: %s", pwhy);
+		reject(p, 400, "bad_request", "rejected", d);
+		return;
+	}
+	const route_cfg *r = config_match_route(cfg, norm, nlen);
+	free(norm);
 	p->route = r;
 	if (!r) {
 		reject(p, 404, "route_not_found", "rejected",

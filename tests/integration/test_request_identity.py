@@ -1,0 +1,94 @@
+"""The request the proxy decides on is the request it executes, and whose it
+is cannot be faked: every spelling of a protected path is protected (15),
+the upstream sees one spelling of the key and always gets it (16), one
+credential is one tenant (17), tenants from different sources never meet
+(18), and a value cannot forge a field or a line in the log (20)."""
+import hashlib
+import json
+import re
+import socket
+
+import pytest
+
+from conftest import ADMIN_TOKEN, run_binary
+from helpers import TIMEOUT, assert_problem, is_replay, new_key, raw_request
+
+PAY = "/v1/payments"
+
+
+def routes_with_catch_all():
+    """A protected route, one with a parameter, and the catch-all that an
+    unrecognised spelling would fall into."""
+    return [
+        {"name": "create_payment", "path": "/v1/payments", "upstream": "{stub}"},
+        {"name": "capture", "path": "/v1/payments/{id}/capture", "upstream": "{stub}"},
+        {"name": "hooks", "path": "/hooks/*", "upstream": "{stub}",
+         "tenant": "header:X-Tenant-Id"},
+        {"name": "auth", "path": "/v1/auth/*", "upstream": "{stub}",
+         "tenant": "authorization"},
+        {"name": "anything", "path": "/*", "upstream": "{stub}", "key": "optional"},
+    ]
+
+
+# --- 15: every spelling of a protected path ---------------------------------
+
+# Spellings the upstream may read as a protected path: each must either be
+# matched as that path (and then need its key) or be refused.
+SPELLINGS = [
+    "/v1/pay%6dents", "/v1/pay%6Dents", "/v1/%70ayments", "/%76%31/payments",
+    "/v1/payments/", "/v1/payments//", "/v1//payments", "//v1/payments",
+    "/v1/./payments", "/v1/x/../payments", "/v1/%2e/payments", "/v1/%2E%2e/v1/payments",
+    "/x/..%2Fv1/payments", "/v1%2Fpayments", "/v1%2fpayments", "/v1/payments%2F",
+    "/v1/payments/.", "/v1/payments/x/%63apture", "/v1/payments/x/capture/",
+    "/v1/payments/x%2F/capture", "/v1/payments/%", "/v1/pay%zzments",
+]
+
+
+@pytest.mark.parametrize("target", SPELLINGS)
+def test_no_spelling_of_a_protected_path_passes_unprotected(make_proxy, stub, pg, target):
+    proxy = make_proxy(routes=routes_with_catch_all())
+    r = raw_request(proxy.port, "POST", target,
+                    [("Content-Type", "application/json")], b'{"amount": 1}')
+    assert r.status_code == 400, (r.status_code, r.content)
+    assert r.json()["code"] in ("idempotency_key_missing", "bad_request"), r.content
+    assert stub.requests() == []
+    assert pg.records() == []
+    # The catch-all is there and does take an unprotected POST.
+    ok = raw_request(proxy.port, "POST", "/other/thing",
+                     [("Content-Type", "application/json")], b'{"amount": 1}')
+    assert ok.status_code == 201
+    assert [s.target for s in stub.requests()] == ["/other/thing"]
+
+
+@pytest.mark.parametrize("target,operation", [
+    ("/v1/pay%6dents", "create_payment"),
+    ("/v1/payments/", "create_payment"),
+    ("/v1/payments/p%5F1/%63apture?x=%6d", "capture"),
+])
+def test_an_equivalent_spelling_is_claimed_under_its_route_and_forwarded_as_sent(
+        make_proxy, stub, pg, target, operation):
+    proxy = make_proxy(routes=routes_with_catch_all())
+    key = new_key()
+    r = raw_request(proxy.port, "POST", target,
+                    [("Content-Type", "application/json"), ("Idempotency-Key", key)],
+                    b'{"amount": 1}')
+    assert r.status_code == 201, r.content
+    assert [s.target for s in stub.requests()] == [target]
+    assert [(x["operation"], x["state"]) for x in pg.records(key)] == \
+        [(operation, "completed")]
+    again = raw_request(proxy.port, "POST", target,
+                        [("Content-Type", "application/json"), ("Idempotency-Key", key)],
+                        b'{"amount": 1}')
+    assert is_replay(again) and again.content == r.content
+    assert stub.count() == 1
+
+
+def test_a_refused_spelling_says_why(make_proxy, stub, pg):
+    proxy = make_proxy(routes=routes_with_catch_all())
+    key = new_key()
+    for target, words in [("/v1/x/../payments", "'.'"), ("/v1//payments", "empty"),
+                          ("/v1%2Fpayments", "%2F"), ("/v1/pay%zzments", "hex")]:
+        r = raw_request(proxy.port, "POST", target, [("Idempotency-Key", key)], b"{}")
+        doc = assert_problem(r, 400, "bad_request")
+        assert words in doc["detail"], doc
+    assert stub.requests() == [] and pg.records() == []
