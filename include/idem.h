@@ -18,6 +18,8 @@ enum idem_action {
 };
 
 #define IDEM_TENANT_MAX 255
+/* A quoted key with every character escaped. */
+#define IDEM_KEY_HEADER_MAX (2 * IDKEY_MAX + 2)
 
 typedef struct idem_plan {
 	enum idem_action action;
@@ -29,6 +31,7 @@ typedef struct idem_plan {
 	char detail[160];
 	/* IDEM_CLAIM */
 	char key[IDKEY_MAX + 1];
+	char key_header[IDEM_KEY_HEADER_MAX + 1]; /* what the upstream gets */
 	char tenant[IDEM_TENANT_MAX + 1];
 } idem_plan;
 
@@ -36,6 +39,11 @@ typedef struct idem_plan {
 void idem_plan_request(const config *cfg, const char *method,
 		       const char *path, size_t path_len,
 		       const header_list *headers, idem_plan *out);
+
+/* The one spelling of key forwarded upstream on every attempt, however the
+ * client wrote it: the bare form when the key is a valid bare value, else an
+ * sf-string with '"' and '\\' escaped. out holds IDEM_KEY_HEADER_MAX + 1. */
+void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1]);
 
 enum idem_record {
 	REC_COMPLETE,     /* completed: replay later */

@@ -69,6 +69,33 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 	return true;
 }
 
+/* What idkey_parse accepts unquoted. */
+static bool key_is_bare(const char *k)
+{
+	for (const char *c = k; *c; c++)
+		if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f ||
+		    strchr("\",;\\", *c))
+			return false;
+	return k[0] != '\0';
+}
+
+void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1])
+{
+	size_t o = 0;
+	if (key_is_bare(key)) {
+		snprintf(out, IDEM_KEY_HEADER_MAX + 1, "%s", key);
+		return;
+	}
+	out[o++] = '"';
+	for (const char *c = key; *c && o + 2 < IDEM_KEY_HEADER_MAX; c++) {
+		if (*c == '"' || *c == '\\')
+			out[o++] = '\\';
+		out[o++] = *c;
+	}
+	out[o++] = '"';
+	out[o] = '\0';
+}
+
 void idem_plan_request(const config *cfg, const char *method,
 		       const char *path, size_t path_len,
 		       const header_list *headers, idem_plan *p)
@@ -125,6 +152,7 @@ void idem_plan_request(const config *cfg, const char *method,
 	}
 	if (!plan_tenant(r, headers, p))
 		return;
+	idem_key_header(p->key, p->key_header);
 	p->action = IDEM_CLAIM;
 	p->outcome = NULL;
 }

@@ -92,3 +92,53 @@ def test_a_refused_spelling_says_why(make_proxy, stub, pg):
         doc = assert_problem(r, 400, "bad_request")
         assert words in doc["detail"], doc
     assert stub.requests() == [] and pg.records() == []
+
+
+# --- 16: the key and identity headers the upstream sees ---------------------
+
+def test_the_upstream_sees_one_spelling_of_the_key_on_every_attempt(proxy, stub, pg):
+    key = new_key()
+    stub.configure({"prefix": PAY, "status": 503, "times": 2})
+    spellings = [key, '"%s";retry=1' % key, '  "%s"  ' % key]
+    for i, spelled in enumerate(spellings):
+        r = raw_request(proxy.port, "POST", PAY,
+                        [("Content-Type", "application/json"),
+                         ("Idempotency-Key", spelled)], b'{"amount": 1}')
+        assert r.status_code == (503 if i < 2 else 201), r.content
+    seen = stub.requests()
+    assert len(seen) == 3
+    assert [s.headers("Idempotency-Key") for s in seen] == [[key]] * 3
+    assert pg.record(key)["attempt"] == 3
+
+
+@pytest.mark.parametrize("sent,forwarded", [
+    ('"abc"', "abc"),
+    ('"a b"', '"a b"'),
+    (r'"a\"b\\c"', r'"a\"b\\c"'),
+    ("a:b/c=d", "a:b/c=d"),
+])
+def test_the_forwarded_key_is_canonical(proxy, stub, pg, sent, forwarded):
+    r = raw_request(proxy.port, "POST", PAY, [("Idempotency-Key", sent)], b"{}")
+    assert r.status_code == 201, r.content
+    assert stub.requests()[0].headers("Idempotency-Key") == [forwarded]
+
+
+def test_connection_cannot_strip_the_key_tenant_or_credentials(proxy, stub, pg):
+    key = new_key()
+    r = raw_request(proxy.port, "POST", "/hooks/x",
+                    [("Connection", "keep-alive, Idempotency-Key, X-Tenant-Id, X-Drop"),
+                     ("Idempotency-Key", key), ("X-Tenant-Id", "acme"),
+                     ("X-Drop", "gone")], b"{}")
+    assert r.status_code == 201, r.content
+    got = stub.requests()[0]
+    assert got.headers("Idempotency-Key") == [key]
+    assert got.headers("X-Tenant-Id") == ["acme"]
+    assert got.headers("X-Drop") == []          # an ordinary hop-by-hop header goes
+    cred = "Bearer c-" + key
+    r = raw_request(proxy.port, "POST", "/v1/auth/x",
+                    [("Connection", "Authorization, Idempotency-Key"),
+                     ("Idempotency-Key", key), ("Authorization", cred)], b"{}")
+    assert r.status_code == 201, r.content
+    got = stub.requests()[1]
+    assert got.headers("Authorization") == [cred]
+    assert got.headers("Idempotency-Key") == [key]

@@ -1,0 +1,159 @@
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "idem.h"
+
+static config *cfg;
+
+static const char CONF[] =
+	"routes = (\n"
+	"  { name = \"pay\"; path = \"/v1/payments\"; "
+	"upstream = \"http://127.0.0.1:9\"; },\n"
+	"  { name = \"hooks\"; path = \"/hooks/*\"; "
+	"upstream = \"http://127.0.0.1:9\"; tenant = \"header:X-Tenant-Id\"; },\n"
+	"  { name = \"auth\"; path = \"/auth\"; "
+	"upstream = \"http://127.0.0.1:9\"; tenant = \"authorization\"; },\n"
+	"  { name = \"any\"; path = \"/*\"; upstream = \"http://127.0.0.1:9\"; "
+	"key = \"optional\"; }\n"
+	");\n";
+
+static int setup(void **state)
+{
+	char path[] = "/tmp/idemproxy-idem-XXXXXX";
+	char err[512];
+	int fd = mkstemp(path);
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, CONF, strlen(CONF)), (ssize_t)strlen(CONF));
+	close(fd);
+	cfg = config_load(path, err, sizeof err);
+	unlink(path);
+	if (!cfg)
+		fail_msg("%s", err);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	config_unref(cfg);
+	return 0;
+}
+
+/* Plans POST path with headers given as name, value, ..., NULL. */
+static void plan(idem_plan *p, const char *path, ...)
+{
+	header_list h = {0};
+	va_list ap;
+
+	va_start(ap, path);
+	for (;;) {
+		const char *n = va_arg(ap, const char *);
+		if (!n)
+			break;
+		const char *v = va_arg(ap, const char *);
+		header_list_add(&h, n, strlen(n), v, strlen(v));
+	}
+	va_end(ap);
+	idem_plan_request(cfg, "POST", path, strlen(path), &h, p);
+	header_list_free(&h);
+}
+
+static void key_header_is(const char *key, const char *want)
+{
+	char out[IDEM_KEY_HEADER_MAX + 1];
+	idem_key_header(key, out);
+	assert_string_equal(out, want);
+}
+
+static void test_key_header(void **state)
+{
+	(void)state;
+	key_header_is("abc", "abc");
+	key_header_is("a:b/c=d?e", "a:b/c=d?e");
+	key_header_is("a b", "\"a b\"");
+	key_header_is("a\"b", "\"a\\\"b\"");
+	key_header_is("a\\b", "\"a\\\\b\"");
+	key_header_is("a;b", "\"a;b\"");
+	key_header_is("a,b", "\"a,b\"");
+	key_header_is(" ", "\" \"");
+
+	/* The longest key, every character escaped, fits. */
+	char key[IDKEY_MAX + 1], want[IDEM_KEY_HEADER_MAX + 1];
+	memset(key, '"', IDKEY_MAX);
+	key[IDKEY_MAX] = '\0';
+	want[0] = '"';
+	for (int i = 0; i < IDKEY_MAX; i++)
+		memcpy(want + 1 + 2 * i, "\\\"", 2);
+	want[IDEM_KEY_HEADER_MAX - 1] = '"';
+	want[IDEM_KEY_HEADER_MAX] = '\0';
+	key_header_is(key, want);
+}
+
+/* Every spelling of a key is forwarded the same way, and reads back as
+ * the key. */
+static void test_key_header_round_trips(void **state)
+{
+	static const char *const spellings[][2] = {
+		{"k", "k"}, {"\"k\"", "k"}, {"\"k\";retry=1", "k"},
+		{"  \"k\"  ", "k"}, {"\"a b\"", "\"a b\""},
+		{"\"a\\\\b\"", "\"a\\\\b\""},
+	};
+	(void)state;
+	for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+		idem_plan p;
+		plan(&p, "/v1/payments", "Idempotency-Key", spellings[i][0],
+		     NULL);
+		assert_int_equal(p.action, IDEM_CLAIM);
+		assert_string_equal(p.key_header, spellings[i][1]);
+		char back[IDKEY_MAX + 1];
+		size_t n;
+		assert_int_equal(idkey_parse(p.key_header, strlen(p.key_header),
+					     back, &n, NULL),
+				 0);
+		assert_string_equal(back, p.key);
+	}
+}
+
+static void test_path_spellings(void **state)
+{
+	idem_plan p;
+
+	(void)state;
+	plan(&p, "/v1/pay%6dents", NULL);
+	assert_int_equal(p.action, IDEM_REJECT);
+	assert_string_equal(p.code, "idempotency_key_missing");
+	assert_string_equal(p.route->name, "pay");
+	plan(&p, "/v1/payments/", "Idempotency-Key", "k", NULL);
+	assert_int_equal(p.action, IDEM_CLAIM);
+	assert_string_equal(p.route->name, "pay");
+	plan(&p, "/v1/x/../payments", NULL);
+	assert_int_equal(p.action, IDEM_REJECT);
+	assert_int_equal(p.status, 400);
+	assert_string_equal(p.code, "bad_request");
+	assert_null(p.route);
+	plan(&p, "/v1%2Fpayments", NULL);
+	assert_int_equal(p.status, 400);
+	assert_string_equal(p.code, "bad_request");
+	plan(&p, "/other", NULL);
+	assert_int_equal(p.action, IDEM_PASSTHROUGH);
+	assert_string_equal(p.route->name, "any");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_key_header),
+		cmocka_unit_test(test_key_header_round_trips),
+		cmocka_unit_test(test_path_spellings),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
