@@ -45,6 +45,13 @@ void idem_plan_request(const config *cfg, const char *method,
  * sf-string with '"' and '\\' escaped. out holds IDEM_KEY_HEADER_MAX + 1. */
 void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1]);
 
+/* The form of an Authorization value that names its tenant: surrounding
+ * whitespace removed, the scheme case-folded (first letter upper case, the
+ * rest lower: "bearer" and "BEARER" are "Bearer"), one space before the
+ * credentials, which stay as they are (they are case-sensitive). Appended to
+ * out; empty for a value that is only whitespace. */
+void idem_canonical_credentials(const char *value, ip_buf *out);
+
 enum idem_record {
 	REC_COMPLETE,     /* completed: replay later */
 	REC_RELEASE,      /* released: a retry forwards again */

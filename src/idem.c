@@ -1,5 +1,6 @@
 #include "idem.h"
 
+#include <ctype.h>
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,37 @@ static bool tenant_value_ok(const char *v)
 		if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
 			return false;
 	return true;
+}
+
+static bool is_ows(char c)
+{
+	return c == ' ' || c == '\t';
+}
+
+void idem_canonical_credentials(const char *v, ip_buf *out)
+{
+	const char *end = v + strlen(v);
+	while (v < end && is_ows(*v))
+		v++;
+	while (end > v && is_ows(end[-1]))
+		end--;
+	const char *sp = v;
+	while (sp < end && !is_ows(*sp))
+		sp++;
+	/* The scheme is case-insensitive (RFC 9110 11.1): spelled as the usual
+	 * schemes are ("Bearer", "Basic"), so that the hash of a credential
+	 * sent that way is the one stored before schemes were folded. */
+	for (const char *c = v; c < sp; c++) {
+		char ch = (char)(c == v ? toupper((unsigned char)*c)
+					: tolower((unsigned char)*c));
+		ip_buf_append(out, &ch, 1);
+	}
+	while (sp < end && is_ows(*sp))
+		sp++;
+	if (sp < end) {
+		ip_buf_append(out, " ", 1);
+		ip_buf_append(out, sp, (size_t)(end - sp));
+	}
 }
 
 /* Fills p->tenant, or rejects. Returns false on rejection. */
@@ -56,15 +88,27 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 		snprintf(p->tenant, sizeof p->tenant, "%s", v);
 		return true;
 	}
+	/* The upstream authenticates with every Authorization it gets: the
+	 * tenant must come from the only one there is. */
+	if (header_list_count(h, "Authorization") > 1) {
+		reject(p, 400, "bad_request", "rejected",
+		       "send exactly one Authorization header");
+		return false;
+	}
 	const char *auth = header_list_get(h, "Authorization");
-	if (!auth || !auth[0]) {
+	ip_buf cred = {0};
+	if (auth)
+		idem_canonical_credentials(auth, &cred);
+	if (cred.len == 0) {
+		ip_buf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
 		       "this route needs an Authorization header");
 		return false;
 	}
 	/* Each credential is its own scope; only its hash is ever stored. */
 	uint8_t md[SHA256_DIGEST_LENGTH];
-	SHA256((const unsigned char *)auth, strlen(auth), md);
+	SHA256((const unsigned char *)cred.data, cred.len, md);
+	ip_buf_free(&cred);
 	ip_hex(md, sizeof md, p->tenant);
 	return true;
 }

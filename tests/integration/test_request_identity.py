@@ -142,3 +142,36 @@ def test_connection_cannot_strip_the_key_tenant_or_credentials(proxy, stub, pg):
     got = stub.requests()[1]
     assert got.headers("Authorization") == [cred]
     assert got.headers("Idempotency-Key") == [key]
+
+
+# --- 17: one credential, one tenant -----------------------------------------
+
+def test_two_authorization_headers_are_refused(proxy, stub, pg):
+    r = raw_request(proxy.port, "POST", "/v1/auth/x",
+                    [("Idempotency-Key", new_key()), ("Authorization", "Bearer a"),
+                     ("Authorization", "Bearer b")], b"{}")
+    assert_problem(r, 400, "bad_request")
+    assert stub.requests() == [] and pg.records() == []
+
+
+@pytest.mark.parametrize("variant", ["bearer {s}", "BEARER {s}", "Bearer {s}  ",
+                                     "Bearer {s}\t", "bEaReR   {s}"])
+def test_an_authorization_spelling_is_the_same_tenant(proxy, stub, pg, variant):
+    key = new_key()
+    secret = "sk_" + key
+    first = raw_request(proxy.port, "POST", "/v1/auth/x",
+                        [("Idempotency-Key", key), ("Authorization", "Bearer " + secret)],
+                        b"{}")
+    assert first.status_code == 201
+    again = raw_request(proxy.port, "POST", "/v1/auth/x",
+                        [("Idempotency-Key", key),
+                         ("Authorization", variant.format(s=secret))], b"{}")
+    assert again.status_code == 201 and is_replay(again), again.content
+    assert stub.count() == 1
+    assert len(pg.records(key)) == 1
+    # the credential itself is case-sensitive: another tenant
+    other = raw_request(proxy.port, "POST", "/v1/auth/x",
+                        [("Idempotency-Key", key),
+                         ("Authorization", "Bearer " + secret.upper())], b"{}")
+    assert other.status_code == 201 and not is_replay(other)
+    assert stub.count() == 2

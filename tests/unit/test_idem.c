@@ -148,12 +148,64 @@ static void test_path_spellings(void **state)
 	assert_string_equal(p.route->name, "any");
 }
 
+static void canonical_is(const char *v, const char *want)
+{
+	ip_buf b = {0};
+	idem_canonical_credentials(v, &b);
+	assert_int_equal(b.len, strlen(want));
+	assert_memory_equal(b.len ? b.data : "", want, b.len);
+	ip_buf_free(&b);
+}
+
+static void test_canonical_credentials(void **state)
+{
+	(void)state;
+	canonical_is("Bearer abc", "Bearer abc");
+	canonical_is("bearer abc", "Bearer abc");
+	canonical_is("BEARER abc", "Bearer abc");
+	canonical_is("  bEaReR \t  abc \t ", "Bearer abc");
+	canonical_is("Basic QWxhZGRpbjpvcGVu", "Basic QWxhZGRpbjpvcGVu");
+	canonical_is("Bearer ABC", "Bearer ABC");	/* credentials keep case */
+	canonical_is("Digest a=\"x y\",  b=1", "Digest a=\"x y\",  b=1");
+	canonical_is("token", "Token");
+	canonical_is("   ", "");
+	canonical_is("", "");
+}
+
+static const char *tenant_of(idem_plan *p, const char *auth)
+{
+	plan(p, "/auth", "Idempotency-Key", "k", "Authorization", auth, NULL);
+	assert_int_equal(p->action, IDEM_CLAIM);
+	return p->tenant;
+}
+
+static void test_authorization_tenant(void **state)
+{
+	idem_plan a, b;
+
+	(void)state;
+	assert_string_equal(tenant_of(&a, "Bearer x"),
+			    tenant_of(&b, "bearer x  "));
+	assert_string_not_equal(tenant_of(&a, "Bearer x"),
+				tenant_of(&b, "Bearer X"));
+	plan(&a, "/auth", "Idempotency-Key", "k", "Authorization", "Bearer x",
+	     "Authorization", "Bearer y", NULL);
+	assert_int_equal(a.action, IDEM_REJECT);
+	assert_int_equal(a.status, 400);
+	assert_string_equal(a.code, "bad_request");
+	plan(&a, "/auth", "Idempotency-Key", "k", "Authorization", "  ", NULL);
+	assert_int_equal(a.status, 401);
+	assert_string_equal(a.code, "credentials_missing");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_key_header),
 		cmocka_unit_test(test_key_header_round_trips),
 		cmocka_unit_test(test_path_spellings),
+		cmocka_unit_test(test_canonical_credentials),
+		cmocka_unit_test(test_authorization_tenant),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
