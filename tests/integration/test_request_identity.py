@@ -175,3 +175,94 @@ def test_an_authorization_spelling_is_the_same_tenant(proxy, stub, pg, variant):
                          ("Authorization", "Bearer " + secret.upper())], b"{}")
     assert other.status_code == 201 and not is_replay(other)
     assert stub.count() == 2
+
+
+# --- 20: no forged log fields or lines --------------------------------------
+
+FIELD = re.compile(r'([A-Za-z_]+)=("(?:[^"\\]|\\.)*"|[^ "]*)(?: |$)')
+
+
+def unquote(v):
+    if not v.startswith('"'):
+        return v
+    out, i, s = [], 0, v[1:-1]
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            n = s[i + 1]
+            if n == "x":
+                out.append(chr(int(s[i + 2:i + 4], 16)))
+                i += 4
+                continue
+            out.append({"n": "\n", "r": "\r", "t": "\t"}.get(n, n))
+            i += 2
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def parse_fields(text):
+    """logfmt: every field once, the whole text consumed."""
+    fields, pos = [], 0
+    for m in FIELD.finditer(text):
+        assert m.start() == pos, "unparsable at %d: %r" % (pos, text)
+        fields.append((m.group(1), unquote(m.group(2))))
+        pos = m.end()
+    assert pos == len(text), "unparsable tail %r" % text[pos:]
+    names = [n for n, _ in fields]
+    assert len(names) == len(set(names)), "a field appears twice: %r" % text
+    return dict(fields)
+
+
+def request_lines(proxy):
+    return [l for l in proxy.log().splitlines() if re.match(r"\S+ info  request ", l)]
+
+
+HOSTILE_KEYS = ['x outcome=replayed tenant=OTHER', 'a"b', 'back\\slash',
+                'x" status=200 y="', '-', 'k=v']
+
+
+def sf(key):
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def test_text_request_line_cannot_be_forged(make_proxy, stub, pg):
+    proxy = make_proxy(routes=routes_with_catch_all(), top={"log_format": "text"})
+    for key in HOSTILE_KEYS:
+        r = raw_request(proxy.port, "POST", PAY, [("Idempotency-Key", sf(key))], b"{}")
+        assert r.status_code == 201, (key, r.content)
+    path = "/other/a\"b\\c\xff\x7f=x"
+    raw_request(proxy.port, "POST", path, [], b"{}")   # its answer does not matter here
+    lines = request_lines(proxy)
+    assert len(lines) == len(HOSTILE_KEYS) + 1, proxy.log()
+    for line, key in zip(lines, HOSTILE_KEYS):
+        f = parse_fields(line.split(" ", 4)[4])
+        assert (f["key"], f["outcome"], f["tenant"], f["status"]) == \
+            (key, "forwarded", "default", "201"), line
+    f = parse_fields(lines[-1].split(" ", 4)[4])
+    assert f["path"] == path.encode().decode("latin-1"), lines[-1]   # the bytes sent
+    assert f["outcome"] == "passthrough" and f["key"] == "-"
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_admin_audit_detail_cannot_be_forged(make_proxy, stub, pg, fmt):
+    proxy = make_proxy(top={"log_format": fmt})
+    auth = [("Authorization", "Bearer " + ADMIN_TOKEN)]
+    tenant = "x result=released operation=y"
+    target = "/admin/keys/%s/hooks/k%%22%%5C%%0A" % tenant.replace(" ", "%20").replace("=", "%3D")
+    r = raw_request(proxy.admin_port, "GET", target, auth)
+    assert r.status_code in (400, 404), r.content
+    key = new_key()
+    target = "/admin/keys/%s/hooks/%s" % (tenant.replace(" ", "%20").replace("=", "%3D"), key)
+    assert raw_request(proxy.admin_port, "DELETE", target, auth).status_code == 404
+    lines = proxy.log().splitlines()
+    if fmt == "json":
+        details = [json.loads(l)["detail"] for l in lines
+                   if l.startswith("{") and json.loads(l)["msg"] == "admin action"]
+    else:
+        details = [l.split(" admin action ", 1)[1] for l in lines if " admin action " in l]
+    assert details, proxy.log()
+    f = parse_fields(details[-1])
+    assert (f["tenant"], f["operation"], f["key"], f["result"], f["method"]) == \
+        (tenant, "hooks", key, "not_found", "DELETE"), details[-1]
