@@ -18,6 +18,9 @@ enum idem_action {
 };
 
 #define IDEM_TENANT_MAX 255
+/* The stored tenant names its source: "NAME" for static:NAME (no ':'),
+ * "header:VALUE", "authorization:HEX". */
+#define IDEM_TENANT_STORED_MAX (IDEM_TENANT_MAX + 16)
 /* A quoted key with every character escaped. */
 #define IDEM_KEY_HEADER_MAX (2 * IDKEY_MAX + 2)
 
@@ -32,7 +35,7 @@ typedef struct idem_plan {
 	/* IDEM_CLAIM */
 	char key[IDKEY_MAX + 1];
 	char key_header[IDEM_KEY_HEADER_MAX + 1]; /* what the upstream gets */
-	char tenant[IDEM_TENANT_MAX + 1];
+	char tenant[IDEM_TENANT_STORED_MAX + 1];
 } idem_plan;
 
 /* Steps 1-2 of SPEC 3.2: route, method, key and tenant. */

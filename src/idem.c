@@ -58,7 +58,12 @@ void idem_canonical_credentials(const char *v, ip_buf *out)
 	}
 }
 
-/* Fills p->tenant, or rejects. Returns false on rejection. */
+/* Fills p->tenant, or rejects. Returns false on rejection. The tenant
+ * names its source, so that a header value or a credential's hash can never
+ * be read as a static tenant's records (or the other way round) after the
+ * source of a route changes: static tenants are stored as their name, which
+ * cannot contain ':', the others with a "header:" or "authorization:"
+ * prefix. */
 static bool plan_tenant(const route_cfg *r, const header_list *h,
 			idem_plan *p)
 {
@@ -85,7 +90,7 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 			reject(p, 400, "bad_request", "rejected", d);
 			return false;
 		}
-		snprintf(p->tenant, sizeof p->tenant, "%s", v);
+		snprintf(p->tenant, sizeof p->tenant, "header:%s", v);
 		return true;
 	}
 	/* The upstream authenticates with every Authorization it gets: the
@@ -109,7 +114,9 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 	uint8_t md[SHA256_DIGEST_LENGTH];
 	SHA256((const unsigned char *)cred.data, cred.len, md);
 	ip_buf_free(&cred);
-	ip_hex(md, sizeof md, p->tenant);
+	char hex[2 * SHA256_DIGEST_LENGTH + 1];
+	ip_hex(md, sizeof md, hex);
+	snprintf(p->tenant, sizeof p->tenant, "authorization:%s", hex);
 	return true;
 }
 

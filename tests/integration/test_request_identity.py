@@ -177,6 +177,96 @@ def test_an_authorization_spelling_is_the_same_tenant(proxy, stub, pg, variant):
     assert stub.count() == 2
 
 
+# --- 18: tenants name their source ------------------------------------------
+
+def sha(s):
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+def test_header_tenant_never_meets_a_static_tenant(make_proxy, stub, pg):
+    key = new_key()
+    first = make_proxy(route_overrides={"hooks": {"tenant": "static:default"}})
+    r1 = first.post("/hooks/x", key=key, json={"amount": 1})
+    assert r1.status_code == 201
+    first.stop()
+    second = make_proxy(route_overrides={"hooks": {"tenant": "header:X-Tenant-Id"}})
+    r2 = second.post("/hooks/x", key=key, json={"amount": 1},
+                     headers={"X-Tenant-Id": "default"})
+    assert r2.status_code == 201 and not is_replay(r2)
+    assert stub.count() == 2
+    assert sorted(x["tenant"] for x in pg.records(key)) == ["default", "header:default"]
+
+
+def test_stored_tenants_name_their_source(proxy, stub, pg):
+    key = new_key()
+    cred = "Bearer c-" + key
+    assert proxy.post(PAY, key=key, json={}).status_code == 201
+    assert proxy.post("/hooks/x", key=key, json={},
+                      headers={"X-Tenant-Id": "acme"}).status_code == 201
+    assert proxy.post("/v1/auth/x", key=key, json={},
+                      headers={"Authorization": cred}).status_code == 201
+    assert sorted((x["operation"], x["tenant"]) for x in pg.records(key)) == [
+        ("auth", "authorization:" + sha(cred)), ("create_payment", "default"),
+        ("hooks", "header:acme")]
+
+
+def test_a_static_tenant_may_not_contain_a_colon(make_proxy, tmp_path):
+    p = make_proxy(route_overrides={"hooks": {"tenant": "static:header:acme"}},
+                   migrate=False, start=False)
+    r = run_binary(["-c", p.conf_path, "--check"])
+    assert r.returncode == 1
+    assert "':'" in r.stderr, r.stderr
+
+
+def test_migrate_names_the_source_of_existing_tenants_once(make_proxy, stub, pg):
+    """Records written before tenants named their source are converted by
+    --migrate for the routes whose source the conf says, so a retry of a
+    pre-upgrade key is still a replay, not a second charge."""
+    proxy = make_proxy()
+    key = new_key()
+    cred = "Bearer c-" + key
+    sent = [(PAY, {}), ("/hooks/x", {"X-Tenant-Id": "acme"}),
+            ("/v1/auth/x", {"Authorization": cred})]
+    firsts = [proxy.post(p, key=key, json={"n": 1}, headers=h) for p, h in sent]
+    assert [r.status_code for r in firsts] == [201] * 3
+    proxy.stop()
+    # Make the database look as it did before: unprefixed tenants, no 003.
+    pg.execute("UPDATE idempotency_records SET tenant = split_part(tenant, ':', 2) "
+               "WHERE tenant LIKE '%:%'")
+    pg.execute("DELETE FROM schema_migrations WHERE version = 3")
+    assert sorted(x["tenant"] for x in pg.records(key)) == sorted(
+        ["default", "acme", sha(cred)])
+    r = run_binary(["-c", proxy.conf_path, "--migrate"], env=proxy.env)
+    assert r.returncode == 0, r.stderr
+    want = [("auth", "authorization:" + sha(cred)), ("create_payment", "default"),
+            ("hooks", "header:acme")]
+    assert sorted((x["operation"], x["tenant"]) for x in pg.records(key)) == want
+    assert pg.query("SELECT count(*) AS n FROM schema_migrations WHERE version = 3")[0]["n"] == 1
+    # A second run changes nothing.
+    r = run_binary(["-c", proxy.conf_path, "--migrate"], env=proxy.env)
+    assert r.returncode == 0, r.stderr
+    assert sorted((x["operation"], x["tenant"]) for x in pg.records(key)) == want
+    again = make_proxy(migrate=False)
+    for (p, h), first in zip(sent, firsts):
+        rr = again.post(p, key=key, json={"n": 1}, headers=h)
+        assert is_replay(rr) and rr.content == first.content, (p, rr.status_code)
+    assert stub.count() == 3
+
+
+def test_admin_api_takes_the_stored_tenant(proxy, stub, pg):
+    key = new_key()
+    assert proxy.post("/hooks/x", key=key, json={},
+                      headers={"X-Tenant-Id": "acme"}).status_code == 201
+    auth = [("Authorization", "Bearer " + ADMIN_TOKEN)]
+    for tenant in ("header:acme", "header%3Aacme"):
+        g = raw_request(proxy.admin_port, "GET", "/admin/keys/%s/hooks/%s" % (tenant, key),
+                        auth)
+        assert g.status_code == 200, g.content
+        assert g.json()["tenant"] == "header:acme"
+    assert raw_request(proxy.admin_port, "GET", "/admin/keys/acme/hooks/" + key,
+                       auth).status_code == 404
+
+
 # --- 20: no forged log fields or lines --------------------------------------
 
 FIELD = re.compile(r'([A-Za-z_]+)=("(?:[^"\\]|\\.)*"|[^ "]*)(?: |$)')

@@ -198,6 +198,23 @@ static void test_authorization_tenant(void **state)
 	assert_string_equal(a.code, "credentials_missing");
 }
 
+static void test_tenants_name_their_source(void **state)
+{
+	idem_plan p;
+
+	(void)state;
+	plan(&p, "/v1/payments", "Idempotency-Key", "k", NULL);
+	assert_string_equal(p.tenant, "default");
+	plan(&p, "/hooks/x", "Idempotency-Key", "k", "X-Tenant-Id", "default",
+	     NULL);
+	assert_string_equal(p.tenant, "header:default");
+	/* sha256("Bearer x") */
+	assert_string_equal(tenant_of(&p, "bearer x"),
+			    "authorization:"
+			    "b937a6fd6074f3650930dd9a8c3ea51f"
+			    "a502846a5301d74c252c768aef76dcda");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -206,6 +223,7 @@ int main(void)
 		cmocka_unit_test(test_path_spellings),
 		cmocka_unit_test(test_canonical_credentials),
 		cmocka_unit_test(test_authorization_tenant),
+		cmocka_unit_test(test_tenants_name_their_source),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
