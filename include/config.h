@@ -85,7 +85,8 @@ config *config_load(const char *file, char *err, size_t errlen) IP_WUR;
 config *config_ref(config *c);
 void config_unref(config *c);
 
-/* First route whose template matches the raw path (no query), or NULL. */
+/* First route whose template matches the path (no query), normalised by
+ * pathtpl_normalize, or NULL. */
 const route_cfg *config_match_route(const config *c, const char *path,
 				    size_t len);
 

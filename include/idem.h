@@ -18,6 +18,11 @@ enum idem_action {
 };
 
 #define IDEM_TENANT_MAX 255
+/* The stored tenant names its source: "NAME" for static:NAME (no ':'),
+ * "header:VALUE", "authorization:HEX". */
+#define IDEM_TENANT_STORED_MAX (IDEM_TENANT_MAX + 16)
+/* A quoted key with every character escaped. */
+#define IDEM_KEY_HEADER_MAX (2 * IDKEY_MAX + 2)
 
 typedef struct idem_plan {
 	enum idem_action action;
@@ -29,13 +34,26 @@ typedef struct idem_plan {
 	char detail[160];
 	/* IDEM_CLAIM */
 	char key[IDKEY_MAX + 1];
-	char tenant[IDEM_TENANT_MAX + 1];
+	char key_header[IDEM_KEY_HEADER_MAX + 1]; /* what the upstream gets */
+	char tenant[IDEM_TENANT_STORED_MAX + 1];
 } idem_plan;
 
 /* Steps 1-2 of SPEC 3.2: route, method, key and tenant. */
 void idem_plan_request(const config *cfg, const char *method,
 		       const char *path, size_t path_len,
 		       const header_list *headers, idem_plan *out);
+
+/* The one spelling of key forwarded upstream on every attempt, however the
+ * client wrote it: the bare form when the key is a valid bare value, else an
+ * sf-string with '"' and '\\' escaped. out holds IDEM_KEY_HEADER_MAX + 1. */
+void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1]);
+
+/* The form of an Authorization value that names its tenant: surrounding
+ * whitespace removed, the scheme case-folded (first letter upper case, the
+ * rest lower: "bearer" and "BEARER" are "Bearer"), one space before the
+ * credentials, which stay as they are (they are case-sensitive). Appended to
+ * out; empty for a value that is only whitespace. */
+void idem_canonical_credentials(const char *value, ip_buf *out);
 
 enum idem_record {
 	REC_COMPLETE,     /* completed: replay later */

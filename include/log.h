@@ -13,6 +13,15 @@ bool log_enabled(enum log_level level);
 void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
+/* Appends v as a logfmt value: bare when it is visible ASCII without '"',
+ * '\\', '=' or space (and not "-", which stands for no value), else in
+ * double quotes with '"' and '\\' escaped and any other byte outside
+ * 0x20-0x7e as \xHH. Log client-chosen values through this, so that they
+ * cannot forge fields. */
+void log_quote(ip_buf *b, const char *v);
+/* Appends " name=value" (no leading space when b is empty); NULL is "-". */
+void log_field(ip_buf *b, const char *name, const char *v);
+
 #define log_error(...) log_event(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) log_event(LOG_WARN, __VA_ARGS__)
 #define log_info(...) log_event(LOG_INFO, __VA_ARGS__)

@@ -279,21 +279,37 @@ static int parse_key_path(const char *rest, key_path *k)
 	return 0;
 }
 
+/* The audit fields of an action. The tenant, operation and key are the
+ * caller's decoded path segments: quoted, so they cannot forge fields. */
+static void action_fields(ip_buf *b, const char *who, const char *method,
+			  const key_path *k)
+{
+	log_field(b, "remote", who);
+	log_field(b, "method", method);
+	log_field(b, "tenant", k->part[0]);
+	log_field(b, "operation", k->part[1]);
+	log_field(b, "key", k->part[2]);
+}
+
 static void log_action(const char *who, const char *method,
 		       const key_path *k, const char *result)
 {
-	log_info("admin action",
-		 "remote=%s method=%s tenant=%s operation=%s key=%s result=%s",
-		 who, method, k->part[0], k->part[1], k->part[2], result);
+	ip_buf b = {0};
+	action_fields(&b, who, method, k);
+	log_field(&b, "result", result);
+	log_info("admin action", "%s", b.data);
+	ip_buf_free(&b);
 }
 
 static enum MHD_Result store_failed(struct MHD_Connection *conn,
 				    const char *who, const char *method,
 				    const key_path *k, const char *err)
 {
-	log_warn("admin action failed",
-		 "remote=%s method=%s tenant=%s operation=%s key=%s %s", who,
-		 method, k->part[0], k->part[1], k->part[2], err);
+	ip_buf b = {0};
+	action_fields(&b, who, method, k);
+	log_field(&b, "error", err);
+	log_warn("admin action failed", "%s", b.data);
+	ip_buf_free(&b);
 	return problem_with(conn, 503, "idempotency_store_unavailable",
 			    "the idempotency store cannot be reached; retry "
 			    "later",
@@ -373,18 +389,22 @@ static bool admin_gate(admin *a, struct MHD_Connection *conn,
 	loggable(path, shown, sizeof shown);
 	loggable(method, verb, sizeof verb);
 	method = verb;
+	ip_buf f = {0};
+	log_field(&f, "remote", who);
+	log_field(&f, "method", method);
+	log_field(&f, "path", shown);
+	log_field(&f, "result", disabled ? "disabled" : "unauthorized");
+	if (disabled)
+		log_info("admin request refused", "%s", f.data);
+	else
+		log_warn("admin request refused", "%s", f.data);
+	ip_buf_free(&f);
 	if (disabled) {
-		log_info("admin request refused",
-			 "remote=%s method=%s path=%s result=disabled", who,
-			 method, shown);
 		*answer = problem(conn, 404, "not_found",
 				  "the admin API is disabled (admin_token is "
 				  "empty)");
 		return false;
 	}
-	log_warn("admin request refused",
-		 "remote=%s method=%s path=%s result=unauthorized", who, method,
-		 shown);
 	*answer = problem_with(conn, 401, "admin_unauthorized",
 			       "send Authorization: Bearer <admin_token>",
 			       MHD_HTTP_HEADER_WWW_AUTHENTICATE,

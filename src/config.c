@@ -644,6 +644,13 @@ static int cfg_conv_tenant(const cfg_opt *o, const config_setting_t *s,
 					       "static tenant \"%s\" must be "
 					       "visible ASCII",
 					       arg);
+		/* Stored tenants from headers and credentials have a
+		 * "source:" prefix; a static name must not look like one. */
+		if (strchr(arg, ':'))
+			return cfg_why(why, whylen,
+				       "static tenant \"%s\" may not contain "
+				       "':'",
+				       arg);
 	} else if (strncmp(v, "header:", 7) == 0) {
 		kind = TENANT_HEADER;
 		arg = v + 7;

@@ -1,7 +1,9 @@
 #include "idem.h"
 
+#include <ctype.h>
 #include <openssl/sha.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void reject(idem_plan *p, int status, const char *code,
@@ -25,7 +27,43 @@ static bool tenant_value_ok(const char *v)
 	return true;
 }
 
-/* Fills p->tenant, or rejects. Returns false on rejection. */
+static bool is_ows(char c)
+{
+	return c == ' ' || c == '\t';
+}
+
+void idem_canonical_credentials(const char *v, ip_buf *out)
+{
+	const char *end = v + strlen(v);
+	while (v < end && is_ows(*v))
+		v++;
+	while (end > v && is_ows(end[-1]))
+		end--;
+	const char *sp = v;
+	while (sp < end && !is_ows(*sp))
+		sp++;
+	/* The scheme is case-insensitive (RFC 9110 11.1): spelled as the usual
+	 * schemes are ("Bearer", "Basic"), so that the hash of a credential
+	 * sent that way is the one stored before schemes were folded. */
+	for (const char *c = v; c < sp; c++) {
+		char ch = (char)(c == v ? toupper((unsigned char)*c)
+					: tolower((unsigned char)*c));
+		ip_buf_append(out, &ch, 1);
+	}
+	while (sp < end && is_ows(*sp))
+		sp++;
+	if (sp < end) {
+		ip_buf_append(out, " ", 1);
+		ip_buf_append(out, sp, (size_t)(end - sp));
+	}
+}
+
+/* Fills p->tenant, or rejects. Returns false on rejection. The tenant
+ * names its source, so that a header value or a credential's hash can never
+ * be read as a static tenant's records (or the other way round) after the
+ * source of a route changes: static tenants are stored as their name, which
+ * cannot contain ':', the others with a "header:" or "authorization:"
+ * prefix. */
 static bool plan_tenant(const route_cfg *r, const header_list *h,
 			idem_plan *p)
 {
@@ -52,20 +90,61 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 			reject(p, 400, "bad_request", "rejected", d);
 			return false;
 		}
-		snprintf(p->tenant, sizeof p->tenant, "%s", v);
+		snprintf(p->tenant, sizeof p->tenant, "header:%s", v);
 		return true;
 	}
+	/* The upstream authenticates with every Authorization it gets: the
+	 * tenant must come from the only one there is. */
+	if (header_list_count(h, "Authorization") > 1) {
+		reject(p, 400, "bad_request", "rejected",
+		       "send exactly one Authorization header");
+		return false;
+	}
 	const char *auth = header_list_get(h, "Authorization");
-	if (!auth || !auth[0]) {
+	ip_buf cred = {0};
+	if (auth)
+		idem_canonical_credentials(auth, &cred);
+	if (cred.len == 0) {
+		ip_buf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
 		       "this route needs an Authorization header");
 		return false;
 	}
 	/* Each credential is its own scope; only its hash is ever stored. */
 	uint8_t md[SHA256_DIGEST_LENGTH];
-	SHA256((const unsigned char *)auth, strlen(auth), md);
-	ip_hex(md, sizeof md, p->tenant);
+	SHA256((const unsigned char *)cred.data, cred.len, md);
+	ip_buf_free(&cred);
+	char hex[2 * SHA256_DIGEST_LENGTH + 1];
+	ip_hex(md, sizeof md, hex);
+	snprintf(p->tenant, sizeof p->tenant, "authorization:%s", hex);
 	return true;
+}
+
+/* What idkey_parse accepts unquoted. */
+static bool key_is_bare(const char *k)
+{
+	for (const char *c = k; *c; c++)
+		if ((unsigned char)*c <= 0x20 || (unsigned char)*c >= 0x7f ||
+		    strchr("\",;\\", *c))
+			return false;
+	return k[0] != '\0';
+}
+
+void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1])
+{
+	size_t o = 0;
+	if (key_is_bare(key)) {
+		snprintf(out, IDEM_KEY_HEADER_MAX + 1, "%s", key);
+		return;
+	}
+	out[o++] = '"';
+	for (const char *c = key; *c && o + 2 < IDEM_KEY_HEADER_MAX; c++) {
+		if (*c == '"' || *c == '\\')
+			out[o++] = '\\';
+		out[o++] = *c;
+	}
+	out[o++] = '"';
+	out[o] = '\0';
 }
 
 void idem_plan_request(const config *cfg, const char *method,
@@ -73,7 +152,20 @@ void idem_plan_request(const config *cfg, const char *method,
 		       const header_list *headers, idem_plan *p)
 {
 	memset(p, 0, sizeof *p);
-	const route_cfg *r = config_match_route(cfg, path, path_len);
+	/* Routed on the normalised path, forwarded as sent: every spelling of
+	 * a path is governed by the route of that path. */
+	char *norm = xmalloc(path_len + 1);
+	size_t nlen;
+	const char *pwhy;
+	if (pathtpl_normalize(path, path_len, norm, &nlen, &pwhy) < 0) {
+		free(norm);
+		char d[160];
+		snprintf(d, sizeof d, "the path is refused: %s", pwhy);
+		reject(p, 400, "bad_request", "rejected", d);
+		return;
+	}
+	const route_cfg *r = config_match_route(cfg, norm, nlen);
+	free(norm);
 	p->route = r;
 	if (!r) {
 		reject(p, 404, "route_not_found", "rejected",
@@ -111,6 +203,7 @@ void idem_plan_request(const config *cfg, const char *method,
 	}
 	if (!plan_tenant(r, headers, p))
 		return;
+	idem_key_header(p->key, p->key_header);
 	p->action = IDEM_CLAIM;
 	p->outcome = NULL;
 }

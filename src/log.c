@@ -56,13 +56,70 @@ static void emit(json_t *obj, const char *text)
 	fflush(stderr);
 }
 
+static void set_str(json_t *o, const char *k, const char *v);
+
+/* Bytes that could end a line or confuse a terminal, as \xHH: a text line
+ * stays one line whatever a value holds. */
+static bool is_plain(unsigned char c)
+{
+	return c >= 0x20 && c < 0x7f;
+}
+
+static void put_hex(ip_buf *b, unsigned char c)
+{
+	ip_buf_printf(b, "\\x%02x", c);
+}
+
+static void put_escaped(ip_buf *b, const char *s)
+{
+	for (; *s; s++) {
+		if (is_plain((unsigned char)*s))
+			ip_buf_append(b, s, 1);
+		else
+			put_hex(b, (unsigned char)*s);
+	}
+}
+
+void log_quote(ip_buf *b, const char *v)
+{
+	bool bare = v[0] != '\0' && strcmp(v, "-") != 0;
+	for (const char *c = v; *c && bare; c++)
+		bare = is_plain((unsigned char)*c) && !strchr(" \"\\=", *c);
+	if (bare) {
+		ip_buf_puts(b, v);
+		return;
+	}
+	ip_buf_puts(b, "\"");
+	for (const char *c = v; *c; c++) {
+		unsigned char ch = (unsigned char)*c;
+		if (ch == '"' || ch == '\\') {
+			char e[2] = {'\\', (char)ch};
+			ip_buf_append(b, e, 2);
+		} else if (is_plain(ch)) {
+			ip_buf_append(b, c, 1);
+		} else {
+			put_hex(b, ch);
+		}
+	}
+	ip_buf_puts(b, "\"");
+}
+
+void log_field(ip_buf *b, const char *name, const char *v)
+{
+	ip_buf_printf(b, "%s%s=", b->len ? " " : "", name);
+	if (v)
+		log_quote(b, v);
+	else
+		ip_buf_puts(b, "-");
+}
+
 void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 {
 	if (!log_enabled(level))
 		return;
 	char ts[40];
 	timestamp(ts, sizeof ts);
-	char fields[1024] = "";
+	char fields[4096] = "";
 	if (fmt) {
 		va_list ap;
 		va_start(ap, fmt);
@@ -74,10 +131,15 @@ void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	json_object_set_new(o, "level", json_string(level_names[level]));
 	json_object_set_new(o, "msg", json_string(msg));
 	if (fields[0])
-		json_object_set_new(o, "detail", json_string(fields));
+		set_str(o, "detail", fields);
 	ip_buf text = {0};
-	ip_buf_printf(&text, "%s %-5s %s%s%s\n", ts, level_names[level], msg,
-		      fields[0] ? " " : "", fields);
+	ip_buf_printf(&text, "%s %-5s ", ts, level_names[level]);
+	put_escaped(&text, msg);
+	if (fields[0]) {
+		ip_buf_puts(&text, " ");
+		put_escaped(&text, fields);
+	}
+	ip_buf_puts(&text, "\n");
 	emit(o, text.data);
 	ip_buf_free(&text);
 	json_decref(o);
@@ -89,9 +151,22 @@ static double ms3(double ms)
 	return (double)(int64_t)(ms * 1000.0 + 0.5) / 1000.0;
 }
 
+/* A value that is not UTF-8 (a path with a raw high byte) is logged with
+ * its odd bytes as \xHH rather than dropped. */
 static void set_str(json_t *o, const char *k, const char *v)
 {
-	json_object_set_new(o, k, v ? json_stringn(v, strlen(v)) : json_null());
+	if (!v) {
+		json_object_set_new(o, k, json_null());
+		return;
+	}
+	json_t *j = json_stringn(v, strlen(v));
+	if (!j) {
+		ip_buf e = {0};
+		put_escaped(&e, v);
+		j = json_stringn(e.data ? e.data : "", e.len);
+		ip_buf_free(&e);
+	}
+	json_object_set_new(o, k, j);
 }
 
 void log_request_line(const log_request *r)
@@ -117,21 +192,23 @@ void log_request_line(const log_request *r)
 	json_object_set_new(o, "store_ms", json_real(ms3(r->store_ms)));
 	json_object_set_new(o, "total_ms", json_real(ms3(r->total_ms)));
 	ip_buf text = {0};
-	if (!atomic_load_explicit(&g_json, memory_order_relaxed))
+	if (!atomic_load_explicit(&g_json, memory_order_relaxed)) {
+		/* Client-chosen values are quoted: a key cannot add fields. */
+		ip_buf f = {0};
+		log_field(&f, "id", r->request_id);
+		log_field(&f, "route", r->route);
+		log_field(&f, "method", r->method);
+		log_field(&f, "path", r->path);
+		log_field(&f, "tenant", r->tenant);
+		log_field(&f, "key", r->key);
+		log_field(&f, "outcome", r->outcome);
 		ip_buf_printf(&text,
-			      "%s info  request id=%s route=%s method=%s "
-			      "path=%s tenant=%s key=%s outcome=%s status=%d "
-			      "attempt=%d upstream_ms=%.2f store_ms=%.2f "
-			      "total_ms=%.2f\n",
-			      ts, r->request_id ? r->request_id : "-",
-			      r->route ? r->route : "-",
-			      r->method ? r->method : "-",
-			      r->path ? r->path : "-",
-			      r->tenant ? r->tenant : "-",
-			      r->key ? r->key : "-",
-			      r->outcome ? r->outcome : "-", r->status,
-			      r->attempt, r->upstream_ms, r->store_ms,
-			      r->total_ms);
+			      "%s info  request %s status=%d attempt=%d "
+			      "upstream_ms=%.2f store_ms=%.2f total_ms=%.2f\n",
+			      ts, f.data, r->status, r->attempt,
+			      r->upstream_ms, r->store_ms, r->total_ms);
+		ip_buf_free(&f);
+	}
 	emit(o, text.data);
 	ip_buf_free(&text);
 	json_decref(o);

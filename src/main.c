@@ -20,6 +20,7 @@
 #include "record_retry.h"
 #include "replay_cache.h"
 #include "store_pg.h"
+#include "tenant_upgrade.h"
 #include "upstream.h"
 #include "worker.h"
 
@@ -71,6 +72,12 @@ static void usage(FILE *out)
 static int cmd_migrate(config *cfg)
 {
 	char err[512];
+	/* Migration 003 needs to know, from this conf, which routes' tenants
+	 * came from a header or a credential. */
+	if (tenant_upgrade_stage(cfg, err, sizeof err)) {
+		fprintf(stderr, "idemproxy: migrate failed: %s\n", err);
+		return 1;
+	}
 	store *s = store_new(cfg->db_url, cfg->statement_timeout_ms);
 	int applied = 0;
 	int rc = store_migrate(s, &applied, err, sizeof err);

@@ -1,15 +1,19 @@
 /* Route path templates.
  *
- * A template is compiled into a list of segments; matching walks the raw
- * path once, segment by segment, so it is linear in the path length and
- * needs no allocation. Paths are bytes, not strings: a NUL inside len is
- * just another byte.
+ * A template is compiled into a list of segments; matching walks the
+ * normalised path once, segment by segment, so it is linear in the path
+ * length and needs no allocation. Paths are bytes, not strings: a NUL
+ * inside len is just another byte.
  *
- * Dot segments ("." and "..", also percent-encoded as %2e) never match:
- * the upstream would normalise "/hooks/../v1/payments" into a path that is
- * governed by a different route, so forwarding it under the route that
- * matched textually would let a client pick its own idempotency rules.
- * Such a path matches no route and gets 404. */
+ * Matching is on the normalised path (pathtpl_normalize), so that every
+ * spelling the upstream may read as one path is governed by one route:
+ * percent-encoded unreserved characters are decoded and other escapes get
+ * upper-case hex (RFC 3986 6.2.2.1-2), a trailing slash is dropped. What
+ * cannot be given one meaning is refused instead: dot segments ("." and
+ * "..", also written %2e), which the upstream may resolve into a path
+ * governed by another route; empty segments ("//"), which some servers
+ * merge; an encoded '/' (%2F), which servers that decode before routing
+ * read as a separator; and a '%' not followed by two hex digits. */
 #include "pathtpl.h"
 
 #include <stdio.h>
@@ -176,6 +180,124 @@ static int add_segment(pathtpl *t, const char *s, size_t len, bool more,
 	return 0;
 }
 
+static bool is_unreserved(unsigned char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+	       (c >= '0' && c <= '9') || c == '-' || c == '.' || c == '_' ||
+	       c == '~';
+}
+
+static int hex_value(unsigned char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return c - 'A' + 10;
+}
+
+static const char WHY_PCT[] =
+	"a '%' in the path must be followed by two hex digits";
+static const char WHY_SLASH[] =
+	"an encoded '/' (%2F) in the path is ambiguous";
+static const char WHY_DOT[] = "'.' and '..' segments are not allowed";
+static const char WHY_EMPTY[] = "empty segment (\"//\") in path";
+
+/* Ends the segment out[seg..*o): refuses dot segments, and an empty one
+ * unless it is the last (a trailing slash, dropped unless it is all). */
+static int end_segment(char *out, size_t seg, size_t *o, bool last,
+		       const char **why)
+{
+	size_t n = *o - seg;
+	if (n == 0) {
+		if (!last) {
+			*why = WHY_EMPTY;
+			return -1;
+		}
+		if (*o > 1)
+			(*o)--;
+		return 0;
+	}
+	if ((n == 1 && out[seg] == '.') ||
+	    (n == 2 && out[seg] == '.' && out[seg + 1] == '.')) {
+		*why = WHY_DOT;
+		return -1;
+	}
+	if (!last)
+		out[(*o)++] = '/';
+	return 0;
+}
+
+int pathtpl_normalize(const char *path, size_t len, char *out,
+		      size_t *out_len, const char **why)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	const char *dummy;
+
+	if (why == NULL)
+		why = &dummy;
+	if (len == 0 || path[0] != '/') {
+		memcpy(out, path, len);
+		*out_len = len;
+		return 0;
+	}
+	size_t o = 0, seg = 1;
+	out[o++] = '/';
+	for (size_t i = 1;; i++) {
+		if (i == len || path[i] == '/') {
+			if (end_segment(out, seg, &o, i == len, why) < 0)
+				return -1;
+			if (i == len)
+				break;
+			seg = o;
+			continue;
+		}
+		unsigned char c = (unsigned char)path[i];
+		if (c != '%') {
+			out[o++] = (char)c;
+			continue;
+		}
+		if (i + 2 >= len || !is_hex((unsigned char)path[i + 1]) ||
+		    !is_hex((unsigned char)path[i + 2])) {
+			*why = WHY_PCT;
+			return -1;
+		}
+		int hi = hex_value((unsigned char)path[i + 1]);
+		int lo = hex_value((unsigned char)path[i + 2]);
+		unsigned char b = (unsigned char)(hi * 16 + lo);
+		i += 2;
+		if (b == '/') {
+			*why = WHY_SLASH;
+			return -1;
+		}
+		if (is_unreserved(b)) {
+			out[o++] = (char)b;
+			continue;
+		}
+		out[o++] = '%';
+		out[o++] = hex[hi];
+		out[o++] = hex[lo];
+	}
+	*out_len = o;
+	return 0;
+}
+
+/* Validates pattern segment by segment; records them when t is not NULL. */
+static int add_segments(pathtpl *t, const char *p, const char *end,
+			char *err, size_t errlen)
+{
+	for (;;) {
+		const char *slash = memchr(p, '/', (size_t)(end - p));
+		const char *seg_end = slash ? slash : end;
+		if (add_segment(t, p, (size_t)(seg_end - p), slash != NULL, err,
+				errlen) < 0)
+			return -1;
+		if (!slash)
+			return 0;
+		p = slash + 1;
+	}
+}
+
 pathtpl *pathtpl_compile(const char *pattern, char *err, size_t errlen)
 {
 	size_t plen;
@@ -186,28 +308,29 @@ pathtpl *pathtpl_compile(const char *pattern, char *err, size_t errlen)
 		return NULL;
 	}
 	plen = strlen(pattern);
+	/* The template as written is checked first, so errors name what the
+	 * operator wrote; it is then matched in its normalised form, like
+	 * the paths it is matched against. */
+	if (add_segments(NULL, pattern + 1, pattern + plen, err, errlen) < 0)
+		return NULL;
+	char *norm = xmalloc(plen + 1);
+	size_t nlen;
+	const char *why;
+	if (pathtpl_normalize(pattern, plen, norm, &nlen, &why) < 0) {
+		snprintf(err, errlen, "%s", why);
+		free(norm);
+		return NULL;
+	}
+	norm[nlen] = '\0';
 	t = xcalloc(1, sizeof *t);
-	t->pattern = xstrndup(pattern, plen);
+	t->pattern = norm;
 	/* One segment per '/', which is an upper bound. */
 	size_t slashes = 0;
-	for (size_t i = 0; i < plen; i++)
-		slashes += pattern[i] == '/';
+	for (size_t i = 0; i < nlen; i++)
+		slashes += norm[i] == '/';
 	t->segs = xcalloc(slashes, sizeof *t->segs);
-
-	const char *p = t->pattern + 1;
-	const char *end = t->pattern + plen;
-	for (;;) {
-		const char *slash = memchr(p, '/', (size_t)(end - p));
-		const char *seg_end = slash ? slash : end;
-		if (add_segment(t, p, (size_t)(seg_end - p), slash != NULL, err,
-				errlen) < 0) {
-			pathtpl_free(t);
-			return NULL;
-		}
-		if (!slash)
-			break;
-		p = slash + 1;
-	}
+	if (add_segments(t, norm + 1, norm + nlen, err, errlen) < 0)
+		IP_ASSERT(!"a normalised valid template is valid");
 	return t;
 }
 

@@ -122,6 +122,19 @@ static bool named_in_connection(const header_list *h, const char *name)
 	return false;
 }
 
+/* The headers the decision was made on: the key, the tenant's header and
+ * the credential. A client cannot make them hop-by-hop by naming them in
+ * Connection: the upstream must see what was claimed. */
+static bool is_identity_header(const job *j, const char *name)
+{
+	if (ip_strcaseeq(name, "Idempotency-Key") ||
+	    ip_strcaseeq(name, "Authorization"))
+		return true;
+	const route_cfg *r = j->plan ? j->plan->route : NULL;
+	return r && r->tenant_kind == TENANT_HEADER &&
+	       ip_strcaseeq(name, r->tenant_arg);
+}
+
 static void build_upstream_headers(const job *j, header_list *out)
 {
 	const header_list *in = &j->req_headers;
@@ -129,20 +142,29 @@ static void build_upstream_headers(const job *j, header_list *out)
 	bool has_proto = false, has_fwd_host = false, has_rid = false;
 	/* A protected answer may be replayed to a retry that cannot read its
 	 * coding: ask only for codings the proxy can decode. */
-	bool protected = j->plan && j->plan->action == IDEM_CLAIM;
+	bool claimed = j->plan && j->plan->action == IDEM_CLAIM;
 	for (size_t i = 0; i < in->n; i++) {
 		const http_header *h = &in->v[i];
 		if (upstream_is_hop_header(h->name) ||
 		    ip_strcaseeq(h->name, "Host") ||
 		    ip_strcaseeq(h->name, "Expect") ||
-		    named_in_connection(in, h->name))
+		    (!is_identity_header(j, h->name) &&
+		     named_in_connection(in, h->name)))
 			continue;
 		if (ip_strcaseeq(h->name, "X-Forwarded-For")) {
 			xff = h->value;
 			continue;
 		}
-		if (protected && ip_strcaseeq(h->name, "Accept-Encoding"))
+		if (claimed && ip_strcaseeq(h->name, "Accept-Encoding"))
 			continue;
+		/* Every attempt carries the key as it was claimed, in one
+		 * spelling, whatever spelling this attempt's client used. */
+		if (claimed && ip_strcaseeq(h->name, "Idempotency-Key")) {
+			const char *k = j->plan->key_header;
+			header_list_add(out, h->name, strlen(h->name), k,
+					strlen(k));
+			continue;
+		}
 		if (ip_strcaseeq(h->name, "X-Forwarded-Proto"))
 			has_proto = true;
 		if (ip_strcaseeq(h->name, "X-Forwarded-Host"))
@@ -166,7 +188,7 @@ static void build_upstream_headers(const job *j, header_list *out)
 	if (!has_rid)
 		header_list_add(out, "X-Request-Id", 12, j->request_id,
 				strlen(j->request_id));
-	if (protected && coding_upstream_accept(in, &v))
+	if (claimed && coding_upstream_accept(in, &v))
 		header_list_add(out, "Accept-Encoding", 15, v.data, v.len);
 	ip_buf_free(&v);
 }

@@ -2,7 +2,7 @@
  *
  * The input is a template and a path separated by the first newline (the
  * path may hold any bytes, NUL included, as pathtpl_match takes a length).
- * Matching must never crash. A template that compiles must match the path
+ * Matching and normalising must never crash. A template that compiles must match the path
  * it describes: each {name} filled with one segment, a trailing slash-star
  * with nothing or with further segments; without slash-star it must not
  * match that path with segments added. A template that does not compile
@@ -40,9 +40,16 @@ static char *describe(const char *tpl, bool *rest)
 	return out;
 }
 
+/* Matches s as the proxy does: normalised first. */
 static bool match_str(const pathtpl *t, const char *s)
 {
-	return pathtpl_match(t, s, strlen(s));
+	size_t n = strlen(s), k;
+	char *norm = xmalloc(n + 1);
+	const char *why;
+	bool ok = pathtpl_normalize(s, n, norm, &k, &why) == 0 &&
+		  pathtpl_match(t, norm, k);
+	free(norm);
+	return ok;
 }
 
 static void check_compiled(const pathtpl *t, const char *tpl)
@@ -81,6 +88,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (t == NULL) {
 		IP_ASSERT(err[0] != '\0');
 	} else {
+		char *norm = xmalloc(plen ? plen : 1);
+		size_t nlen;
+		const char *why;
+		if (pathtpl_normalize(path, plen, norm, &nlen, &why) == 0)
+			IP_ASSERT(nlen <= plen);
+		free(norm);
 		bool m = pathtpl_match(t, path, plen);
 		IP_ASSERT(pathtpl_match(t, path, plen) == m);
 		(void)pathtpl_match(t, tpl, tlen);

@@ -449,12 +449,13 @@ def test_tenants_other_than_static(proxy, stub):
     key = new_key()
     r = proxy.post("/hooks/x", key=key, json={"a": 1}, headers={"X-Tenant-Id": "acme"})
     assert r.status_code == 201
-    assert admin(proxy, "GET", "acme", "hooks", key).json()["state"] == "completed"
-    assert_problem(admin(proxy, "GET", "other", "hooks", key), 404, "not_found")
+    assert admin(proxy, "GET", "header:acme", "hooks", key).json()["state"] == "completed"
+    assert_problem(admin(proxy, "GET", "header:other", "hooks", key), 404, "not_found")
+    assert_problem(admin(proxy, "GET", "acme", "hooks", key), 404, "not_found")
     cred = "Bearer client-credential-1"
     r = proxy.post("/v1/auth/pay", key=key, json={"a": 1}, headers={"Authorization": cred})
     assert r.status_code == 201
-    tenant = hashlib.sha256(cred.encode()).hexdigest()
+    tenant = "authorization:" + hashlib.sha256(cred.encode()).hexdigest()
     assert admin(proxy, "GET", tenant, "auth", key).json()["tenant"] == tenant
 
 
@@ -521,9 +522,9 @@ def test_delete_only_touches_its_own_record(proxy, stub, pg):
         assert proxy.post("/hooks/a", key=key, json={}, headers={"X-Tenant-Id": tenant}) \
             .status_code == 201
     assert pay(proxy, key).status_code == 201
-    assert admin(proxy, "DELETE", "t1", "hooks", key).json()["action"] == "purged"
+    assert admin(proxy, "DELETE", "header:t1", "hooks", key).json()["action"] == "purged"
     left = {(r["tenant"], r["operation"]) for r in pg.records(key)}
-    assert left == {("t2", "hooks"), ("default", "create_payment")}
+    assert left == {("header:t2", "hooks"), ("default", "create_payment")}
 
 
 def test_admin_requires_the_bearer_token(proxy, stub):

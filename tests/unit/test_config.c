@@ -529,6 +529,8 @@ static void test_error_tenant(void **state)
 			   "use tenant = \"authorization\"");
 	assert_route_error("tenant = \"static:a b\";", 4,
 			   "must be visible ASCII");
+	assert_route_error("tenant = \"static:header:x\";", 4,
+			   "static tenant \"header:x\" may not contain ':'");
 	assert_route_error("tenant = \"Authorization\";", 4,
 			   "must be \"static:NAME\", \"header:NAME\" or "
 			   "\"authorization\"");

@@ -1,0 +1,17 @@
+/* The conf-dependent half of migration 003 (sql/003_tenant_sources.sql):
+ * which operations' stored tenants came from a header or from
+ * Authorization, for --migrate to prefix once. */
+#ifndef IDEMPROXY_TENANT_UPGRADE_H
+#define IDEMPROXY_TENANT_UPGRADE_H
+
+#include <stddef.h>
+
+#include "config.h"
+
+/* When the database has not had migration 003 yet, writes each route of
+ * cfg whose tenant source is a header or Authorization, with its source,
+ * into the table migration 003 reads; when it has, drops a table left
+ * behind. Run before store_migrate. 0 or -1 with err. */
+int tenant_upgrade_stage(const config *cfg, char *err, size_t errlen) IP_WUR;
+
+#endif

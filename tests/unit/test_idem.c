@@ -1,0 +1,229 @@
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "idem.h"
+
+static config *cfg;
+
+static const char CONF[] =
+	"routes = (\n"
+	"  { name = \"pay\"; path = \"/v1/payments\"; "
+	"upstream = \"http://127.0.0.1:9\"; },\n"
+	"  { name = \"hooks\"; path = \"/hooks/*\"; "
+	"upstream = \"http://127.0.0.1:9\"; tenant = \"header:X-Tenant-Id\"; },\n"
+	"  { name = \"auth\"; path = \"/auth\"; "
+	"upstream = \"http://127.0.0.1:9\"; tenant = \"authorization\"; },\n"
+	"  { name = \"any\"; path = \"/*\"; upstream = \"http://127.0.0.1:9\"; "
+	"key = \"optional\"; }\n"
+	");\n";
+
+static int setup(void **state)
+{
+	char path[] = "/tmp/idemproxy-idem-XXXXXX";
+	char err[512];
+	int fd = mkstemp(path);
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, CONF, strlen(CONF)), (ssize_t)strlen(CONF));
+	close(fd);
+	cfg = config_load(path, err, sizeof err);
+	unlink(path);
+	if (!cfg)
+		fail_msg("%s", err);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	config_unref(cfg);
+	return 0;
+}
+
+/* Plans POST path with headers given as name, value, ..., NULL. */
+static void plan(idem_plan *p, const char *path, ...)
+{
+	header_list h = {0};
+	va_list ap;
+
+	va_start(ap, path);
+	for (;;) {
+		const char *n = va_arg(ap, const char *);
+		if (!n)
+			break;
+		const char *v = va_arg(ap, const char *);
+		header_list_add(&h, n, strlen(n), v, strlen(v));
+	}
+	va_end(ap);
+	idem_plan_request(cfg, "POST", path, strlen(path), &h, p);
+	header_list_free(&h);
+}
+
+static void key_header_is(const char *key, const char *want)
+{
+	char out[IDEM_KEY_HEADER_MAX + 1];
+	idem_key_header(key, out);
+	assert_string_equal(out, want);
+}
+
+static void test_key_header(void **state)
+{
+	(void)state;
+	key_header_is("abc", "abc");
+	key_header_is("a:b/c=d?e", "a:b/c=d?e");
+	key_header_is("a b", "\"a b\"");
+	key_header_is("a\"b", "\"a\\\"b\"");
+	key_header_is("a\\b", "\"a\\\\b\"");
+	key_header_is("a;b", "\"a;b\"");
+	key_header_is("a,b", "\"a,b\"");
+	key_header_is(" ", "\" \"");
+
+	/* The longest key, every character escaped, fits. */
+	char key[IDKEY_MAX + 1], want[IDEM_KEY_HEADER_MAX + 1];
+	memset(key, '"', IDKEY_MAX);
+	key[IDKEY_MAX] = '\0';
+	want[0] = '"';
+	for (int i = 0; i < IDKEY_MAX; i++)
+		memcpy(want + 1 + 2 * i, "\\\"", 2);
+	want[IDEM_KEY_HEADER_MAX - 1] = '"';
+	want[IDEM_KEY_HEADER_MAX] = '\0';
+	key_header_is(key, want);
+}
+
+/* Every spelling of a key is forwarded the same way, and reads back as
+ * the key. */
+static void test_key_header_round_trips(void **state)
+{
+	static const char *const spellings[][2] = {
+		{"k", "k"}, {"\"k\"", "k"}, {"\"k\";retry=1", "k"},
+		{"  \"k\"  ", "k"}, {"\"a b\"", "\"a b\""},
+		{"\"a\\\\b\"", "\"a\\\\b\""},
+	};
+	(void)state;
+	for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+		idem_plan p;
+		plan(&p, "/v1/payments", "Idempotency-Key", spellings[i][0],
+		     NULL);
+		assert_int_equal(p.action, IDEM_CLAIM);
+		assert_string_equal(p.key_header, spellings[i][1]);
+		char back[IDKEY_MAX + 1];
+		size_t n;
+		assert_int_equal(idkey_parse(p.key_header, strlen(p.key_header),
+					     back, &n, NULL),
+				 0);
+		assert_string_equal(back, p.key);
+	}
+}
+
+static void test_path_spellings(void **state)
+{
+	idem_plan p;
+
+	(void)state;
+	plan(&p, "/v1/pay%6dents", NULL);
+	assert_int_equal(p.action, IDEM_REJECT);
+	assert_string_equal(p.code, "idempotency_key_missing");
+	assert_string_equal(p.route->name, "pay");
+	plan(&p, "/v1/payments/", "Idempotency-Key", "k", NULL);
+	assert_int_equal(p.action, IDEM_CLAIM);
+	assert_string_equal(p.route->name, "pay");
+	plan(&p, "/v1/x/../payments", NULL);
+	assert_int_equal(p.action, IDEM_REJECT);
+	assert_int_equal(p.status, 400);
+	assert_string_equal(p.code, "bad_request");
+	assert_null(p.route);
+	plan(&p, "/v1%2Fpayments", NULL);
+	assert_int_equal(p.status, 400);
+	assert_string_equal(p.code, "bad_request");
+	plan(&p, "/other", NULL);
+	assert_int_equal(p.action, IDEM_PASSTHROUGH);
+	assert_string_equal(p.route->name, "any");
+}
+
+static void canonical_is(const char *v, const char *want)
+{
+	ip_buf b = {0};
+	idem_canonical_credentials(v, &b);
+	assert_int_equal(b.len, strlen(want));
+	assert_memory_equal(b.len ? b.data : "", want, b.len);
+	ip_buf_free(&b);
+}
+
+static void test_canonical_credentials(void **state)
+{
+	(void)state;
+	canonical_is("Bearer abc", "Bearer abc");
+	canonical_is("bearer abc", "Bearer abc");
+	canonical_is("BEARER abc", "Bearer abc");
+	canonical_is("  bEaReR \t  abc \t ", "Bearer abc");
+	canonical_is("Basic QWxhZGRpbjpvcGVu", "Basic QWxhZGRpbjpvcGVu");
+	canonical_is("Bearer ABC", "Bearer ABC");	/* credentials keep case */
+	canonical_is("Digest a=\"x y\",  b=1", "Digest a=\"x y\",  b=1");
+	canonical_is("token", "Token");
+	canonical_is("   ", "");
+	canonical_is("", "");
+}
+
+static const char *tenant_of(idem_plan *p, const char *auth)
+{
+	plan(p, "/auth", "Idempotency-Key", "k", "Authorization", auth, NULL);
+	assert_int_equal(p->action, IDEM_CLAIM);
+	return p->tenant;
+}
+
+static void test_authorization_tenant(void **state)
+{
+	idem_plan a, b;
+
+	(void)state;
+	assert_string_equal(tenant_of(&a, "Bearer x"),
+			    tenant_of(&b, "bearer x  "));
+	assert_string_not_equal(tenant_of(&a, "Bearer x"),
+				tenant_of(&b, "Bearer X"));
+	plan(&a, "/auth", "Idempotency-Key", "k", "Authorization", "Bearer x",
+	     "Authorization", "Bearer y", NULL);
+	assert_int_equal(a.action, IDEM_REJECT);
+	assert_int_equal(a.status, 400);
+	assert_string_equal(a.code, "bad_request");
+	plan(&a, "/auth", "Idempotency-Key", "k", "Authorization", "  ", NULL);
+	assert_int_equal(a.status, 401);
+	assert_string_equal(a.code, "credentials_missing");
+}
+
+static void test_tenants_name_their_source(void **state)
+{
+	idem_plan p;
+
+	(void)state;
+	plan(&p, "/v1/payments", "Idempotency-Key", "k", NULL);
+	assert_string_equal(p.tenant, "default");
+	plan(&p, "/hooks/x", "Idempotency-Key", "k", "X-Tenant-Id", "default",
+	     NULL);
+	assert_string_equal(p.tenant, "header:default");
+	/* sha256("Bearer x") */
+	assert_string_equal(tenant_of(&p, "bearer x"),
+			    "authorization:"
+			    "b937a6fd6074f3650930dd9a8c3ea51f"
+			    "a502846a5301d74c252c768aef76dcda");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_key_header),
+		cmocka_unit_test(test_key_header_round_trips),
+		cmocka_unit_test(test_path_spellings),
+		cmocka_unit_test(test_canonical_credentials),
+		cmocka_unit_test(test_authorization_tenant),
+		cmocka_unit_test(test_tenants_name_their_source),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
