@@ -26,6 +26,7 @@ import re
 
 RELEASE_STATUSES = frozenset([408, 425, 429, 500, 502, 503, 504])
 FINAL_UPSTREAM = (201, 402)
+UPSTREAM_LAG_S = 1.0
 
 
 def by_key(ups):
@@ -65,17 +66,28 @@ def check_one_effect_per_key(ups):
     return v
 
 
-def check_no_overlap(ups):
+def proxy_said(r, idx):
+    """What the proxies logged for an upstream request, by its X-Request-Id."""
+    ln = (idx.get(r.get("rid")) or {}).get("line")
+    if ln is None:
+        return " [no proxy log line]"
+    return " [%s: attempt %s, %s %s]" % (ln.get("inst"), ln.get("attempt"),
+                                         ln.get("outcome"), ln.get("status"))
+
+
+def check_no_overlap(ups, logs=()):
     """Never two requests for one key in flight at the upstream at once,
     from the upstream's own start and end times."""
     v = []
+    idx = index_logs(logs)
     for key, rs in by_key(ups).items():
         for i, a in enumerate(rs):
             a_end = a["end"] if a.get("end") is not None else float("inf")
             for b in rs[i + 1:]:
                 if b["start"] < a_end:
                     v.append(("no_overlap", "key %s: two requests in flight at once: "
-                              "%s and %s" % (key, _short(a), _short(b))))
+                              "%s%s and %s%s" % (key, _short(a), proxy_said(a, idx),
+                                                 _short(b), proxy_said(b, idx))))
     return v
 
 
@@ -123,22 +135,25 @@ def explain_repeat(prev, cur, log_idx, chaos, port_inst,
         return None, note
     inst = port_inst.get(prev.get("port"))
     for e in chaos:
+        # the upstream reads a request a moment after the proxy sent it:
+        # a kill up to UPSTREAM_LAG_S before it arrived may have cut it
         if e["kind"] in ("kill", "term") and e.get("inst") == inst \
-                and prev["start"] - 0.05 <= e["t"] <= cur["start"]:
+                and prev["start"] - UPSTREAM_LAG_S <= e["t"] <= cur["start"]:
             return "crash (%s of proxy %s)" % (e["kind"], inst), ""
     return None, "no log line for request_id %s and no crash of proxy %s after it" % (
         prev.get("rid"), inst)
 
 
 def check_repeats_explained(ups, logs, chaos, port_inst, ttl_by_target=None,
-                            release_statuses=RELEASE_STATUSES):
+                            release_statuses=RELEASE_STATUSES, first_try=None):
     """Every repeat of a key at the upstream follows a logged release, an
     unknown outcome or a crash (or, on a route with a short ttl, the
-    record's expiry: ttl_by_target maps a target to its ttl in seconds)."""
+    record's expiry: ttl_by_target maps a target to its ttl in seconds;
+    first_try maps a key to its first client request, before any claim)."""
     v = []
     idx = index_logs(logs)
     for key, rs in by_key(ups).items():
-        gen_start = rs[0]["start"]
+        gen_start = min(rs[0]["start"], (first_try or {}).get(key, rs[0]["start"]))
         for prev, cur in zip(rs, rs[1:]):
             ttl = (ttl_by_target or {}).get(cur["target"])
             if ttl is not None and cur["start"] - gen_start > ttl:
@@ -146,8 +161,9 @@ def check_repeats_explained(ups, logs, chaos, port_inst, ttl_by_target=None,
                 continue
             why, note = explain_repeat(prev, cur, idx, chaos, port_inst, release_statuses)
             if why is None:
-                v.append(("repeats_explained", "key %s: %s repeated %s unexplained: %s"
-                          % (key, _short(cur), _short(prev), note)))
+                v.append(("repeats_explained", "key %s: %s%s repeated %s%s unexplained: %s"
+                          % (key, _short(cur), proxy_said(cur, idx), _short(prev),
+                             proxy_said(prev, idx), note)))
     return v
 
 
@@ -241,14 +257,19 @@ def check_same_body_never_mismatch(attempts):
     return v
 
 
-def check_known_outcome_kept(flows):
+def check_known_outcome_kept(flows, logs=()):
     """Once a client had its final answer, the same request again gets it
     replayed: it is never stuck behind 409 (the record lost the answer)."""
     v = []
+    failed = {m.group(1) for ln in logs
+              if (ln.get("msg") or "").startswith("could not record")
+              for m in [re.search(r"key=(\S+)", ln.get("detail") or "")] if m}
     for f in flows:
         if f["kind"] == "replay" and not f.get("final") and f.get("cause") in ("in_use", "held"):
             v.append(("known_outcome_kept", "key %s: after a final answer, the same request"
-                      " got 409 %s until the client gave up" % (f["key"], f["cause"])))
+                      " got 409 %s until the client gave up%s" % (
+                          f["key"], f["cause"], " (the proxy logged record_failed for it)"
+                          if f["key"] in failed else "")))
     return v
 
 
@@ -298,13 +319,17 @@ def check_run(mode, ups, attempts, flows, keys, logs, chaos, exits, port_inst,
         v += check_held_explained(flows, attempts, ups)
     else:
         v += check_one_effect_per_key(ups)
-        v += check_no_overlap(ups)
-        v += check_repeats_explained(ups, logs, chaos, port_inst, ttl_by_target)
+        first_try = {}
+        for a in attempts:
+            first_try[a["key"]] = min(a["t0"], first_try.get(a["key"], a["t0"]))
+        v += check_no_overlap(ups, logs)
+        v += check_repeats_explained(ups, logs, chaos, port_inst, ttl_by_target,
+                                     first_try=first_try)
     v += check_answers_carry_result(attempts, ups, dedup)
     v += check_bodies(ups, keys)
     v += check_probes(flows)
     v += check_same_body_never_mismatch(attempts)
-    v += check_known_outcome_kept(flows)
+    v += check_known_outcome_kept(flows, logs)
     v += check_proxies(exits)
     return v
 
@@ -441,7 +466,12 @@ def check_fuzz(ups, records, routes, sent_headers):
                       "route %s but the key's record is under %s" % (
                           what, key, route["name"], ops or "no operation")))
             continue
-        prev = claimed.setdefault((route["name"], key), r)
+        # one claim per tenant: the tenant header as received names it
+        src = {"authorization": "authorization"}.get(route.get("tenant", ""), None)
+        if route.get("tenant", "").startswith("header:"):
+            src = route["tenant"][len("header:"):].lower()
+        tenant = tuple(val for n, val in hdrs if src and n.lower() == src)
+        prev = claimed.setdefault((route["name"], tenant, key), r)
         if prev is not r and (prev["method"] != r["method"] or prev["target"] != r["target"]
                               or _canon(prev["body"]) != _canon(r["body"])):
             v.append(("fuzz_claimed", "key %r on route %s reached the upstream twice with "

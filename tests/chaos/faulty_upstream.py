@@ -14,6 +14,7 @@ fixed weights (KINDS):
   extra     as ok, then an unsolicited second response on the connection
   slow      the effect happens, the answer comes after --slow seconds
             (beyond the proxy's upstream_timeout)
+            (every answer takes 20-300 ms first)
   e503      503, no effect
   drop      the effect happens, then the connection is closed unanswered
   e402      402 decline, body {"id": <decline id>, ...} (an effect)
@@ -53,6 +54,11 @@ class Upstream:
         self.slow = slow
         self.seq = 0
         self.results = {}   # key -> (status, body) of its first effect
+        self.lat_rng = random.Random(seed + 1)
+
+    def latency(self):
+        with self.lock:
+            return self.lat_rng.uniform(0.02, 0.3)
 
     def write(self, rec):
         line = json.dumps(rec, separators=(",", ":"))
@@ -199,6 +205,9 @@ def handle(up, conn, port, method, target, headers, body):
             conn.sendall(response(200, b"{}"))
             end.update(status=200, answered=True)
             return keep
+        # an answer takes a moment, as a real one does: a PostgreSQL crash
+        # then finds attempts between their claim and their record
+        time.sleep(up.latency())
         if kind == "e503":
             conn.sendall(response(503, b'{"error": "unavailable"}'))
             end.update(status=503, answered=True)

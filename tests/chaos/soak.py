@@ -32,7 +32,7 @@ LEASE_S = 3.0
 UPSTREAM_TIMEOUT_S = 1.0
 SLOW_S = 1.6            # beyond upstream_timeout, well inside the lease
 SHORT_TTL_S = 4.0       # refunds in release mode: a takeover outlives it
-FLOW_SECONDS = 10.0     # how long a client retries one request
+FLOW_SECONDS = 8.0      # how long a client retries one request
 RETRY_CAP_S = 1.0       # Retry-After is honoured up to this
 CLIENTS = 12
 CLIENT_TIMEOUT_S = 6.0
@@ -393,6 +393,9 @@ class Run:
         self.ups = self.upstream.records()
         self.logs = [ln for p in self.proxies for ln in p.log_lines()]
         self.db_states = self.record_states()
+        with open(os.path.join(self.tmp, "chaos.json"), "w") as f:
+            json.dump({"chaos": self.chaos, "exits": self.exits, "flows": self.flows,
+                       "attempts": self.attempts}, f, default=str)
         ttl = {REFUND: SHORT_TTL_S - 0.2} if self.mode == "release" else None
         self.violations = checker.check_run(self.mode, self.ups, self.attempts, self.flows,
                                             self.keys, self.logs, self.chaos, self.exits,

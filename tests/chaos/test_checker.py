@@ -84,6 +84,8 @@ def test_repeat_explained_by_release_unknown_or_crash():
     # a kill of the other proxy, or one before the request, explains nothing
     assert names(c.check_repeats_explained(rs, [], [{"kind": "kill", "inst": "p2", "t": 0.5}],
                                            PORTS)) == ["repeats_explained"]
+    assert c.check_repeats_explained(rs, [], [{"kind": "kill", "inst": "p1", "t": -0.5}],
+                                     PORTS) == []   # the request was on its way
     assert names(c.check_repeats_explained(rs, [], [{"kind": "kill", "inst": "p1", "t": -3}],
                                            PORTS)) == ["repeats_explained"]
 
@@ -105,6 +107,9 @@ def test_repeat_after_expiry_on_a_short_ttl_route():
     assert c.check_repeats_explained(rs, logs, [], PORTS, {"/v1/refunds": 4}) == []
     assert names(c.check_repeats_explained(rs, logs, [], PORTS, {"/v1/refunds": 6})) == \
         ["repeats_explained"]
+    # the claim came before the upstream saw anything: the client's first try
+    assert c.check_repeats_explained(rs, logs, [], PORTS, {"/v1/refunds": 6},
+                                     first_try={"a": -1.5}) == []
 
 
 # --- both modes ----------------------------------------------------------------
@@ -278,6 +283,13 @@ def test_fuzz_oracles_fire():
         else:
             v = c.check_fuzz([r], rec, ROUTES, SENT)
         assert names(v) == [inv], (inv, v)
+    # one key under two tenants is two claims
+    hooks = [fz("POST", "/hooks/a", [("Idempotency-Key", "k3"), ("X-Tenant-Id", "t1")], b"1"),
+             fz("POST", "/hooks/a", [("Idempotency-Key", "k3"), ("X-Tenant-Id", "t2")], b"2")]
+    assert c.check_fuzz(hooks, {("hooks", "k3"): "t1"}, ROUTES,
+                        SENT | {("x-tenant-id", "t2")}) == []
+    assert names(c.check_fuzz([hooks[0], dict(hooks[1], headers=hooks[0]["headers"])],
+                              {("hooks", "k3"): "t1"}, ROUTES, SENT)) == ["fuzz_claimed"]
     # one key, two different requests at the upstream
     v = c.check_fuzz([fz("POST", "/v1/payments", [("Idempotency-Key", "k1")], b'{"a":1}'),
                       fz("POST", "/v1/payments", [("Idempotency-Key", "k1")], b'{"a":2}')],
