@@ -15,8 +15,9 @@ Inputs (plain dicts and lists, so test_checker.py can feed synthetic ones):
             key, flow, kind, final (bool), cause (why it stopped or stuck)
   keys      key -> {"route", "body": bytes, "probes": [bytes]}
   logs      proxy log lines (parsed JSON) with "inst" added
-  chaos     events: kind (kill|term|pg_restart|hup), inst, t
-  exits     proxy exits: inst, rc, expected (the soak killed it), t
+  chaos     events: kind (kill|term|pg_restart|hup), inst, t (for the figures)
+  exits     proxy exits: inst, rc, expected (the soak killed it), t (when
+            the process had ended), why
   port_inst upstream port -> proxy instance
 
 Every check returns a list of violations, each a (invariant, text) pair.
@@ -112,7 +113,7 @@ def index_logs(logs):
     return idx
 
 
-def explain_repeat(prev, cur, log_idx, chaos, port_inst,
+def explain_repeat(prev, cur, log_idx, exits, port_inst,
                    release_statuses=RELEASE_STATUSES):
     """Why the upstream may have seen cur after prev (same key): returns
     (explanation or None, note)."""
@@ -134,17 +135,17 @@ def explain_repeat(prev, cur, log_idx, chaos, port_inst,
             note += " and was fenced"
         return None, note
     inst = port_inst.get(prev.get("port"))
-    for e in chaos:
+    for e in exits:
         # the upstream reads a request a moment after the proxy sent it:
-        # a kill up to UPSTREAM_LAG_S before it arrived may have cut it
-        if e["kind"] in ("kill", "term") and e.get("inst") == inst \
-                and prev["start"] - UPSTREAM_LAG_S <= e["t"] <= cur["start"]:
-            return "crash (%s of proxy %s)" % (e["kind"], inst), ""
-    return None, "no log line for request_id %s and no crash of proxy %s after it" % (
+        # a process that ended up to UPSTREAM_LAG_S before it arrived may
+        # have sent it, and died without answering or logging it
+        if e.get("inst") == inst and prev["start"] - UPSTREAM_LAG_S <= e["t"] <= cur["start"]:
+            return "crash (%s of proxy %s)" % (e.get("why") or e.get("rc"), inst), ""
+    return None, "no log line for request_id %s and no exit of proxy %s after it" % (
         prev.get("rid"), inst)
 
 
-def check_repeats_explained(ups, logs, chaos, port_inst, ttl_by_target=None,
+def check_repeats_explained(ups, logs, exits, port_inst, ttl_by_target=None,
                             release_statuses=RELEASE_STATUSES, first_try=None):
     """Every repeat of a key at the upstream follows a logged release, an
     unknown outcome or a crash (or, on a route with a short ttl, the
@@ -159,7 +160,7 @@ def check_repeats_explained(ups, logs, chaos, port_inst, ttl_by_target=None,
             if ttl is not None and cur["start"] - gen_start > ttl:
                 gen_start = cur["start"]   # the record expired: a new key
                 continue
-            why, note = explain_repeat(prev, cur, idx, chaos, port_inst, release_statuses)
+            why, note = explain_repeat(prev, cur, idx, exits, port_inst, release_statuses)
             if why is None:
                 v.append(("repeats_explained", "key %s: %s%s repeated %s%s unexplained: %s"
                           % (key, _short(cur), proxy_said(cur, idx), _short(prev),
@@ -323,7 +324,7 @@ def check_run(mode, ups, attempts, flows, keys, logs, chaos, exits, port_inst,
         for a in attempts:
             first_try[a["key"]] = min(a["t0"], first_try.get(a["key"], a["t0"]))
         v += check_no_overlap(ups, logs)
-        v += check_repeats_explained(ups, logs, chaos, port_inst, ttl_by_target,
+        v += check_repeats_explained(ups, logs, exits, port_inst, ttl_by_target,
                                      first_try=first_try)
     v += check_answers_carry_result(attempts, ups, dedup)
     v += check_bodies(ups, keys)

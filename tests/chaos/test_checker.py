@@ -79,14 +79,14 @@ def test_repeat_explained_by_release_unknown_or_crash():
                  [req_line("r1", "outcome_unknown", 504)],
                  [{"msg": "upstream outcome unknown", "detail": "request_id=r1 key=a x"}]):
         assert c.check_repeats_explained(rs, logs, [], PORTS) == []
-    kill = [{"kind": "kill", "inst": "p1", "t": 0.5}]
+    kill = [{"inst": "p1", "t": 0.5, "rc": -9}]
     assert c.check_repeats_explained(rs, [], kill, PORTS) == []
-    # a kill of the other proxy, or one before the request, explains nothing
-    assert names(c.check_repeats_explained(rs, [], [{"kind": "kill", "inst": "p2", "t": 0.5}],
+    # the death of the other proxy, or one before the request, explains nothing
+    assert names(c.check_repeats_explained(rs, [], [{"inst": "p2", "t": 0.5}],
                                            PORTS)) == ["repeats_explained"]
-    assert c.check_repeats_explained(rs, [], [{"kind": "kill", "inst": "p1", "t": -0.5}],
+    assert c.check_repeats_explained(rs, [], [{"inst": "p1", "t": -0.5}],
                                      PORTS) == []   # the request was on its way
-    assert names(c.check_repeats_explained(rs, [], [{"kind": "kill", "inst": "p1", "t": -3}],
+    assert names(c.check_repeats_explained(rs, [], [{"inst": "p1", "t": -3}],
                                            PORTS)) == ["repeats_explained"]
 
 
@@ -95,7 +95,7 @@ def test_repeat_after_a_recorded_answer_is_unexplained():
     logs = [req_line("r1", "forwarded", 201),
             {"msg": "could not record the outcome; the record stays processing until its "
              "lease ends", "detail": "request_id=r1 route=create_payment key=a server closed"}]
-    v = c.check_repeats_explained(rs, logs, [{"kind": "pg_restart", "t": 0.05}], PORTS)
+    v = c.check_repeats_explained(rs, logs, [], PORTS)
     assert names(v) == ["repeats_explained"]
     assert "record_failed" in v[0][1]
 
