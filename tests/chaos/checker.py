@@ -22,8 +22,10 @@ Inputs (plain dicts and lists, so test_checker.py can feed synthetic ones):
 
 Every check returns a list of violations, each a (invariant, text) pair.
 """
+import calendar
 import json
 import re
+import time
 
 RELEASE_STATUSES = frozenset([408, 425, 429, 500, 502, 503, 504])
 FINAL_UPSTREAM = (201, 402)
@@ -92,6 +94,26 @@ def check_no_overlap(ups, logs=()):
     return v
 
 
+def log_time(ln):
+    """A proxy log line's time as a Unix timestamp."""
+    t = ln.get("time") or ""
+    try:
+        base = calendar.timegm(time.strptime(t[:19], "%Y-%m-%dT%H:%M:%S"))
+        return base + float("0" + t[19:].rstrip("Z"))
+    except ValueError:
+        return None
+
+
+def long_outage(t, chaos, lease_s):
+    """Was the store down longer than the lease around time t? Then even a
+    proxy that retries its record for the whole lease may lose it."""
+    if t is None or lease_s is None:
+        return False
+    return any(e["kind"] == "pg_restart" and e.get("t_end") is not None
+               and e["t_end"] - e["t"] >= lease_s and e["t"] <= t <= e["t_end"] + 0.5
+               for e in chaos)
+
+
 def _rid_of(detail):
     m = re.search(r"request_id=(\S+)", detail or "")
     return m.group(1) if m else None
@@ -108,13 +130,15 @@ def index_logs(logs):
         else:
             rid = _rid_of(ln.get("detail"))
             if rid:
-                idx.setdefault(rid, {"line": None, "events": []})["events"].append(
-                    ln.get("msg", ""))
+                ent = idx.setdefault(rid, {"line": None, "events": []})
+                ent["events"].append(ln.get("msg", ""))
+                if ln.get("msg", "").startswith("could not record"):
+                    ent["record_failed_at"] = log_time(ln)
     return idx
 
 
 def explain_repeat(prev, cur, log_idx, exits, port_inst,
-                   release_statuses=RELEASE_STATUSES):
+                   release_statuses=RELEASE_STATUSES, chaos=(), lease_s=None):
     """Why the upstream may have seen cur after prev (same key): returns
     (explanation or None, note)."""
     ent = log_idx.get(prev.get("rid")) or {"line": None, "events": []}
@@ -130,6 +154,8 @@ def explain_repeat(prev, cur, log_idx, exits, port_inst,
         note = "the proxy logged outcome=%s status=%s for it" % (
             ln.get("outcome"), ln.get("status"))
         if any(e.startswith("could not record") for e in events):
+            if long_outage(ent.get("record_failed_at"), chaos, lease_s):
+                return "store down longer than the lease while recording", ""
             note += " and could not record it (record_failed: the known outcome was lost)"
         if any(e.startswith("attempt lost its lease") for e in events):
             note += " and was fenced"
@@ -146,7 +172,8 @@ def explain_repeat(prev, cur, log_idx, exits, port_inst,
 
 
 def check_repeats_explained(ups, logs, exits, port_inst, ttl_by_target=None,
-                            release_statuses=RELEASE_STATUSES, first_try=None):
+                            release_statuses=RELEASE_STATUSES, first_try=None, chaos=(),
+                            lease_s=None):
     """Every repeat of a key at the upstream follows a logged release, an
     unknown outcome or a crash (or, on a route with a short ttl, the
     record's expiry: ttl_by_target maps a target to its ttl in seconds;
@@ -160,7 +187,8 @@ def check_repeats_explained(ups, logs, exits, port_inst, ttl_by_target=None,
             if ttl is not None and cur["start"] - gen_start > ttl:
                 gen_start = cur["start"]   # the record expired: a new key
                 continue
-            why, note = explain_repeat(prev, cur, idx, exits, port_inst, release_statuses)
+            why, note = explain_repeat(prev, cur, idx, exits, port_inst, release_statuses,
+                                       chaos, lease_s)
             if why is None:
                 v.append(("repeats_explained", "key %s: %s%s repeated %s%s unexplained: %s"
                           % (key, _short(cur), proxy_said(cur, idx), _short(prev),
@@ -258,14 +286,22 @@ def check_same_body_never_mismatch(attempts):
     return v
 
 
-def check_known_outcome_kept(flows, logs=()):
+def check_known_outcome_kept(flows, logs=(), chaos=(), lease_s=None):
     """Once a client had its final answer, the same request again gets it
-    replayed: it is never stuck behind 409 (the record lost the answer)."""
+    replayed: it is never stuck behind 409 (the record lost the answer),
+    unless the store was down for longer than the lease just then."""
     v = []
-    failed = {m.group(1) for ln in logs
-              if (ln.get("msg") or "").startswith("could not record")
-              for m in [re.search(r"key=(\S+)", ln.get("detail") or "")] if m}
+    failed, excused = set(), set()
+    for ln in logs:
+        if (ln.get("msg") or "").startswith("could not record"):
+            m = re.search(r"key=(\S+)", ln.get("detail") or "")
+            if m:
+                failed.add(m.group(1))
+                if long_outage(log_time(ln), chaos, lease_s):
+                    excused.add(m.group(1))
     for f in flows:
+        if f["key"] in excused:
+            continue
         if f["kind"] == "replay" and not f.get("final") and f.get("cause") in ("in_use", "held"):
             v.append(("known_outcome_kept", "key %s: after a final answer, the same request"
                       " got 409 %s until the client gave up%s" % (
@@ -311,7 +347,7 @@ def check_proxies(exits):
 
 
 def check_run(mode, ups, attempts, flows, keys, logs, chaos, exits, port_inst,
-              ttl_by_target=None):
+              ttl_by_target=None, lease_s=None):
     """All the invariants of one mode ("hold" or "release")."""
     v = []
     dedup = mode == "release"
@@ -325,12 +361,12 @@ def check_run(mode, ups, attempts, flows, keys, logs, chaos, exits, port_inst,
             first_try[a["key"]] = min(a["t0"], first_try.get(a["key"], a["t0"]))
         v += check_no_overlap(ups, logs)
         v += check_repeats_explained(ups, logs, exits, port_inst, ttl_by_target,
-                                     first_try=first_try)
+                                     first_try=first_try, chaos=chaos, lease_s=lease_s)
     v += check_answers_carry_result(attempts, ups, dedup)
     v += check_bodies(ups, keys)
     v += check_probes(flows)
     v += check_same_body_never_mismatch(attempts)
-    v += check_known_outcome_kept(flows, logs)
+    v += check_known_outcome_kept(flows, logs, chaos, lease_s)
     v += check_proxies(exits)
     return v
 

@@ -37,7 +37,11 @@ def at_cleanup(fn):
     return fn
 
 
+STOPPING = {"on": False}
+
+
 def cleanup_all():
+    STOPPING["on"] = True   # threads still running start nothing new
     while _cleanups:
         fn = _cleanups.pop()
         try:
@@ -196,6 +200,8 @@ class Proxy:
             raise RuntimeError("--migrate failed: %s%s" % (r.stdout, r.stderr))
 
     def start(self, timeout=20.0):
+        if STOPPING["on"]:
+            raise RuntimeError("cleaning up: not starting proxy %s" % self.name)
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen([BINARY, "-c", self.conf_path], stdin=subprocess.DEVNULL,
                                      stdout=logf, stderr=logf, env=self.env(),

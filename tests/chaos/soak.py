@@ -11,6 +11,7 @@ hold), on its own database of one cluster. The HTTP front-end fuzzer
 the list of violated invariants, 0 when none was violated.
 """
 import argparse
+import base64
 import json
 import os
 import random
@@ -100,7 +101,6 @@ class Upstream:
                     continue   # a line cut by the stop
                 by_seq.setdefault(rec["seq"], {"end": None}).update(rec)
         out = []
-        import base64
         for rec in by_seq.values():
             if "start" not in rec:
                 continue
@@ -399,7 +399,7 @@ class Run:
         ttl = {REFUND: SHORT_TTL_S - 0.2} if self.mode == "release" else None
         self.violations = checker.check_run(self.mode, self.ups, self.attempts, self.flows,
                                             self.keys, self.logs, self.chaos, self.exits,
-                                            self.port_inst, ttl)
+                                            self.port_inst, ttl, LEASE_S)
         return self.violations
 
     def record_states(self):

@@ -98,6 +98,14 @@ def test_repeat_after_a_recorded_answer_is_unexplained():
     v = c.check_repeats_explained(rs, logs, [], PORTS)
     assert names(v) == ["repeats_explained"]
     assert "record_failed" in v[0][1]
+    # ... unless PostgreSQL was down longer than the lease just then
+    logs[1]["time"] = "2026-12-01T09:26:05.100Z"
+    at = c.log_time(logs[1])
+    short = [{"kind": "pg_restart", "t": at - 0.5, "t_end": at + 1}]
+    long_ = [{"kind": "pg_restart", "t": at - 0.5, "t_end": at + 3}]
+    assert names(c.check_repeats_explained(rs, logs, [], PORTS, chaos=short, lease_s=3)) == \
+        ["repeats_explained"]
+    assert c.check_repeats_explained(rs, logs, [], PORTS, chaos=long_, lease_s=3) == []
 
 
 def test_repeat_after_expiry_on_a_short_ttl_route():
@@ -182,6 +190,16 @@ def test_known_outcome_kept():
         assert names(c.check_known_outcome_kept([{"key": "a", "kind": "replay",
                                                   "final": False, "cause": cause}])) == \
             ["known_outcome_kept"]
+    lost = [{"key": "a", "kind": "replay", "final": False, "cause": "held"}]
+    fail = [{"msg": "could not record the outcome", "time": "2026-12-01T09:26:05.100Z",
+             "detail": "request_id=r1 route=x key=a server closed"}]
+    at = c.log_time(fail[0])
+    assert c.log_time({"time": "1970-01-01T00:00:01.500Z"}) == 1.5
+    v = c.check_known_outcome_kept(lost, fail, [{"kind": "pg_restart", "t": at - 1,
+                                                 "t_end": at + 0.5}], 3)
+    assert names(v) == ["known_outcome_kept"] and "record_failed" in v[0][1]
+    assert c.check_known_outcome_kept(lost, fail, [{"kind": "pg_restart", "t": at - 1,
+                                                    "t_end": at + 2.5}], 3) == []
 
 
 def test_proxies_survive():
