@@ -385,11 +385,16 @@ def main():
                     int(time.time()) % 100000)
     a = ap.parse_args()
     print("fuzz-http: seed %d" % a.seed, flush=True)
+    v = []
     try:
         pg = Pg(make_tmp("idemproxy-fuzz-pg-"))
         pg.start()
         v, lines = run(pg, a.seconds, a.seed)
+    except BaseException:
+        procs.KEEP_LOGS["on"] = True
+        raise
     finally:
+        procs.KEEP_LOGS["on"] = procs.KEEP_LOGS["on"] or bool(v)
         procs.cleanup_all()
     import soak
     print("\n".join(lines + soak.report("fuzz", v)))
