@@ -155,7 +155,10 @@ static int serve(config *cfg)
 		cfg->replay_cache_size > 0
 			? replay_cache_new((size_t)cfg->replay_cache_size)
 			: NULL;
-	proxy_shared shared = {cfg->db_url, cfg->statement_timeout_ms, cache};
+	/* Workers read the URL when they start, which may be after the first
+	 * reload has freed cfg: they get a copy of their own. */
+	char *db_url = xstrdup(cfg->db_url);
+	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cache};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;
@@ -243,9 +246,11 @@ static int serve(config *cfg)
 	cfg_current = NULL;
 	pthread_mutex_unlock(&cfg_mu);
 	free(file);
+	free(db_url);
 	return 0;
 fail:
 	replay_cache_free(cache);
+	free(db_url);
 	cfg_current = NULL;
 	config_unref(cfg);
 	return 1;
