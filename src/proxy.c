@@ -493,6 +493,7 @@ bool proxy_fast_path(void *arg, job *j)
 	/* Canonicalising a large JSON body would stall every connection on
 	 * the event thread: leave those to a worker. */
 	if (p->action != IDEM_CLAIM || !sh->cache ||
+	    !replay_cache_enabled(sh->cache) ||
 	    j->body.len > FAST_PATH_MAX_BODY)
 		return false;
 	compute_fingerprint(j, p->route, j->fp);
@@ -517,6 +518,7 @@ void proxy_worker_handle(void *ctx, void *item)
 {
 	proxy_worker *w = ctx;
 	job *j = item;
+	store_set_statement_timeout(w->st, j->cfg->statement_timeout_ms);
 	const idem_plan *p = plan_job(j);
 	const route_cfg *r = p->route;
 	switch (p->action) {
