@@ -1,9 +1,11 @@
 """SIGHUP and the settings: each one is either applied by a reload or named
 in a warning as needing a restart, and a reload at any moment of start-up
 is safe."""
+import http.client
 import json
 import os
 import signal
+import socket
 import threading
 
 import psycopg
@@ -82,14 +84,36 @@ def in_thread(fn):
     return t, box
 
 
+def send_payment(proxy, key):
+    """Sends a payment on a socket of its own and returns the socket once
+    every byte is out, without waiting for the answer (read_status)."""
+    body = json.dumps({"amount": 100, "currency": "EUR"}).encode()
+    head = ("POST %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nIdempotency-Key: %s\r\n"
+            "Content-Type: application/json\r\nContent-Length: %d\r\n"
+            "Connection: close\r\n\r\n" % (PAY, proxy.port, key, len(body)))
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=TIMEOUT * 2)
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def read_status(sock):
+    try:
+        resp = http.client.HTTPResponse(sock, method="POST")
+        resp.begin()
+        resp.read()
+        return resp.status
+    finally:
+        sock.close()
+
+
 def through_the_event_thread(proxy):
-    """A request the event thread answers itself (no key: 400). Requests
-    whose bytes were sent before it have been handed to a worker or queued
-    by the time its answer is back: the event thread handles every ready
-    connection of a loop iteration before it waits again."""
+    """A request the event thread answers itself (no key: 400). A request
+    whose bytes were all sent before it has been handed to a worker or
+    queued by the time its answer is back: the event thread handles every
+    ready connection of a loop iteration before it waits again, and this
+    one's connection came after."""
     assert_problem(proxy.post(PAY, json={"amount": 1}), 400,
                    "idempotency_key_missing")
-
 
 def sighup_once_blocked(proc):
     """SIGHUP terminates a process that has not blocked it yet: wait until
@@ -154,15 +178,15 @@ def test_reload_changes_the_queue_bound(make_proxy, stub, pg):
     reload(proxy, settings(proxy, pg, stub, workers=1, queue_size=3))
     queued = []
     for k in keys[1:4]:
-        queued.append(in_thread(lambda k=k: pay(proxy, k)))
+        queued.append(send_payment(proxy, k))
         through_the_event_thread(proxy)
     # three wait: the fourth is over the new bound
     assert_problem(pay(proxy, keys[4]), 503, "overloaded")
     stub.release("hold")
-    for t, box in [first] + queued:
-        t.join(TIMEOUT * 2)
-        assert not isinstance(box["r"], Exception), box["r"]
-        assert box["r"].status_code == 201
+    first[0].join(TIMEOUT * 2)
+    assert not isinstance(first[1]["r"], Exception), first[1]["r"]
+    assert first[1]["r"].status_code == 201
+    assert [read_status(s) for s in queued] == [201, 201, 201]
     assert [stub.count(key=k) for k in keys] == [1, 1, 1, 1, 0]
 
 
