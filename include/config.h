@@ -76,6 +76,29 @@ typedef struct config {
 	size_t n_routes;
 } config;
 
+/* What a SIGHUP does with a setting, as in redis's MODIFIABLE_CONFIG /
+ * IMMUTABLE_CONFIG flags and pgbouncer's no-reload settings. Every row of
+ * the settings tables (src/config.c) names one; a unit test checks. */
+enum config_reload {
+	CONFIG_RELOAD_UNSET,   /* a row that does not say: a bug */
+	CONFIG_RELOAD_APPLY,   /* a reload puts the new value in force */
+	CONFIG_RELOAD_RESTART, /* the value at start stays until a restart */
+};
+
+/* Calls fn for every setting of every table, in table order. scope is
+ * "" (top level), "database", "reaper", "route" (defaults and routes) or
+ * "route-only". For tests and documentation. */
+void config_each_setting(void (*fn)(void *arg, const char *scope,
+				    const char *name,
+				    enum config_reload rule),
+			 void *arg);
+
+/* Names the restart-only settings whose value in next differs from the one
+ * in running ("workers,database.url"), in table order, into buf (cut short
+ * to fit); returns how many differ. */
+size_t config_restart_changes(const config *running, const config *next,
+			      char *buf, size_t len);
+
 /* Loads and validates FILE, then applies the IDEMPROXY_DATABASE_URL and
  * IDEMPROXY_LISTEN environment overrides. On error returns NULL and writes
  * "FILE:LINE: what is wrong" (or "FILE: what" when no line applies) into err.

@@ -15,7 +15,8 @@
 typedef struct pg_link {
 	char *url;
 	const char *app;   /* application_name, also the log label */
-	int64_t statement_timeout_ms;
+	int64_t statement_timeout_ms; /* wanted */
+	int64_t timeout_set_ms;       /* in force on conn */
 	PGconn *conn;
 	bool down;         /* the last attempt to reach the database failed */
 } pg_link;
@@ -24,8 +25,14 @@ void pg_link_init(pg_link *l, const char *url, const char *app,
 		  int64_t statement_timeout_ms);
 void pg_link_close(pg_link *l);
 
-/* Connects if not connected. *fresh (may be NULL) tells whether a new
- * connection was made (statements must be prepared again). 0 or -1. */
+/* The statement_timeout for the next use: a reload may change it. The
+ * owning thread calls this; the SET goes out on the next pg_link_connect
+ * only if the value differs from the one in force. */
+void pg_link_set_statement_timeout(pg_link *l, int64_t ms);
+
+/* Connects if not connected, and brings statement_timeout up to date.
+ * *fresh (may be NULL) tells whether a new connection was made (statements
+ * must be prepared again). 0 or -1. */
 int pg_link_connect(pg_link *l, bool *fresh, char *err,
 		    size_t errlen) IP_WUR;
 

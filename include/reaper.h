@@ -9,6 +9,10 @@ typedef struct reaper reaper;
 
 reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
 		     int64_t interval_ms, int batch);
+/* New settings (a reload): the next pass uses them, and a new interval
+ * counts from the end of the last pass. */
+void reaper_configure(reaper *r, int64_t statement_timeout_ms,
+		      int64_t interval_ms, int batch);
 void reaper_stop(reaper *r);
 
 #endif

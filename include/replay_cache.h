@@ -3,7 +3,8 @@
  * completed record never changes: it only expires (entries never outlive
  * the record's expires_at) or is deleted by an operator (another instance
  * may replay a deleted key from its cache for at most the cache's ttl).
- * Bounded in bytes; the oldest entries go first. Thread-safe. */
+ * Bounded in bytes (the bound can change while it runs); the oldest entries
+ * go first. Buckets come from a hash keyed at random per cache. Thread-safe. */
 #ifndef IDEMPROXY_REPLAY_CACHE_H
 #define IDEMPROXY_REPLAY_CACHE_H
 
@@ -34,11 +35,22 @@ typedef struct replay_entry {
 replay_cache *replay_cache_new(size_t max_bytes);
 void replay_cache_free(replay_cache *c);
 
+/* A new bound: evicts the oldest entries down to it. 0 empties the cache
+ * and stores nothing until it grows again. */
+void replay_cache_resize(replay_cache *c, size_t max_bytes);
+/* False while the bound is 0: lookups would only miss. */
+bool replay_cache_enabled(replay_cache *c);
+
+/* The forget generation of k: read it before asking the store about k, and
+ * hand it to replay_cache_put. */
+uint64_t replay_cache_generation(replay_cache *c, const replay_key *k);
+
 /* Remembers a completed response until expires_ms (ip_now_ms() clock);
- * replaces an earlier entry for the same key. Larger than the whole cache:
- * not stored. */
+ * replaces an earlier entry for the same key. Not stored: an entry larger
+ * than the whole cache, or one whose key was forgotten since gen was read
+ * (an operator deleted the record while the caller was reading it). */
 void replay_cache_put(replay_cache *c, const replay_key *k,
-		      const replay_entry *e, double expires_ms);
+		      const replay_entry *e, double expires_ms, uint64_t gen);
 
 /* A hit needs the same key, the same fingerprint and an unexpired entry:
  * then status, headers and body are copied out and true is returned. */
@@ -46,9 +58,13 @@ bool replay_cache_get(replay_cache *c, const replay_key *k,
 		      const uint8_t hash[FP_LEN], double now_ms, int *status,
 		      ip_buf *headers, ip_buf *body);
 
+/* Drops k's entry, and any put of k whose generation was read before. */
 void replay_cache_forget(replay_cache *c, const replay_key *k);
 
 /* Entries and bytes held, for tests and metrics. */
 void replay_cache_stats(replay_cache *c, size_t *entries, size_t *bytes);
+
+/* The bucket k falls in, for tests of the keyed hash. */
+size_t replay_cache_bucket(replay_cache *c, const replay_key *k);
 
 #endif

@@ -16,6 +16,8 @@ typedef struct store_admin store_admin;
 /* Does not connect yet; the first call does. */
 store_admin *store_admin_new(const char *url, int64_t statement_timeout_ms);
 void store_admin_free(store_admin *s);
+/* As store_set_statement_timeout. */
+void store_admin_set_statement_timeout(store_admin *s, int64_t ms);
 
 /* 0 when the database answers and its schema version is at least want;
  * else -1 with the reason in err. */

@@ -18,6 +18,10 @@ typedef struct store store;
 store *store_new(const char *url, int64_t statement_timeout_ms);
 void store_free(store *s);
 
+/* The statement_timeout from the next call on (a reload may change it); a
+ * SET is sent only when it differs from the one in force. */
+void store_set_statement_timeout(store *s, int64_t ms);
+
 /* Connects (and prepares) if not connected. 0 or -1 with err. */
 int store_ensure(store *s, char *err, size_t errlen) IP_WUR;
 

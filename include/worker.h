@@ -20,6 +20,8 @@ worker_pool *worker_pool_start(int threads, int queue_size,
 			       const worker_ops *ops);
 /* False (item not taken) when the queue is full or the pool is stopping. */
 bool worker_pool_submit(worker_pool *p, void *item) IP_WUR;
+/* A new bound for items waiting (a reload); what already waits stays. */
+void worker_pool_set_queue_size(worker_pool *p, int queue_size);
 /* Items queued or being handled. */
 int worker_pool_busy(worker_pool *p);
 /* Lets the queued items finish, then joins the threads. */

@@ -301,6 +301,16 @@ static void log_action(const char *who, const char *method,
 	ip_buf_free(&b);
 }
 
+/* The store connection is shared by the listener's threads; its
+ * statement_timeout follows the configuration in force. */
+static void lock_store(admin *a)
+{
+	pthread_mutex_lock(&a->mu);
+	config *cfg = a->get_config(a->arg);
+	store_admin_set_statement_timeout(a->st, cfg->statement_timeout_ms);
+	config_unref(cfg);
+}
+
 static enum MHD_Result store_failed(struct MHD_Connection *conn,
 				    const char *who, const char *method,
 				    const key_path *k, const char *err)
@@ -323,7 +333,7 @@ static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,
 	admin_record rec;
 	bool found = false;
 	char err[512];
-	pthread_mutex_lock(&a->mu);
+	lock_store(a);
 	int rc = store_admin_get(a->st, k->part[0], k->part[1], k->part[2],
 				 &rec, &found, err, sizeof err);
 	pthread_mutex_unlock(&a->mu);
@@ -345,7 +355,7 @@ static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
 {
 	enum admin_delete_action action;
 	char prev[32], err[512];
-	pthread_mutex_lock(&a->mu);
+	lock_store(a);
 	int rc = store_admin_delete(a->st, k->part[0], k->part[1], k->part[2],
 				    &action, prev, sizeof prev, err,
 				    sizeof err);
@@ -461,7 +471,7 @@ static enum MHD_Result get_only(struct MHD_Connection *conn,
 static enum MHD_Result handle_ready(admin *a, struct MHD_Connection *conn)
 {
 	char err[512];
-	pthread_mutex_lock(&a->mu);
+	lock_store(a);
 	int rc = store_admin_ready(a->st, store_expected_version(), err,
 				   sizeof err);
 	pthread_mutex_unlock(&a->mu);

@@ -1,7 +1,8 @@
 /* The conf file as data. Each scope (top level, database, reaper, the per-route
  * settings shared by `defaults` and the routes, the route-only settings) is a
- * table of settings: name, converter, default, bounds, destination. Loading
- * walks the tables; nothing is read from the file outside them.
+ * table of settings: name, converter, default, bounds, destination, and what
+ * a reload does with it. Loading walks the tables; nothing is read from the
+ * file outside them.
  *
  * Defaults are written in conf-file syntax and parsed by libconfig like the
  * file itself, so they go through the same converters and bounds as what an
@@ -46,7 +47,11 @@ typedef struct cfg_opt {
 	size_t off;       /* destination in the scope's struct */
 	size_t aux;       /* second destination (count, argument) if any */
 	const cfg_choice *choices;
+	enum config_reload reload; /* what a SIGHUP does with it */
 } cfg_opt;
+
+#define CFG_APPLY CONFIG_RELOAD_APPLY
+#define CFG_RESTART CONFIG_RELOAD_RESTART
 
 /* Where errors go, and what the values are converted from. */
 typedef struct cfg_ctx {
@@ -734,113 +739,132 @@ static const cfg_choice cfg_on_unknown[] = {
 static const cfg_choice cfg_mismatch[] = {
 	{"409", 409}, {"422", 422}, {NULL, 0}};
 
+/* Reload rules. Routes, and whatever is read from the request's own
+ * configuration, apply to the next request. Restart-only: the listeners,
+ * the thread count and database.url make threads and sockets at start;
+ * max_connections and max_connections_per_ip are libmicrohttpd daemon
+ * options; max_header_size sizes each connection's memory at start (a lower
+ * value is enforced on the next request anyway, a higher one cannot be). */
 #define C_(f) offsetof(config, f)
 #define R_(f) offsetof(route_cfg, f)
 #define CFG_N(t) (sizeof(t) / sizeof((t)[0]))
 
 static const cfg_opt cfg_top[] = {
 	{.name = "listen", .conv = cfg_conv_listen,
-	 .def = "\"127.0.0.1:8080\"", .off = C_(listen)},
+	 .def = "\"127.0.0.1:8080\"", .off = C_(listen), .reload = CFG_RESTART},
 	{.name = "admin_listen", .conv = cfg_conv_listen_or_off,
-	 .def = "\"127.0.0.1:8081\"", .off = C_(admin_listen)},
+	 .def = "\"127.0.0.1:8081\"", .off = C_(admin_listen),
+	 .reload = CFG_RESTART},
 	{.name = "admin_token", .conv = cfg_conv_string, .def = "\"\"",
-	 .off = C_(admin_token)},
+	 .off = C_(admin_token), .reload = CFG_APPLY},
 	{.name = "workers", .conv = cfg_conv_int, .def = "16", .min = 1,
-	 .max = 1024, .off = C_(workers)},
+	 .max = 1024, .off = C_(workers), .reload = CFG_RESTART},
 	{.name = "queue_size", .conv = cfg_conv_int, .def = "1024", .min = 1,
-	 .max = 1048576, .off = C_(queue_size)},
+	 .max = 1048576, .off = C_(queue_size), .reload = CFG_APPLY},
 	{.name = "max_connections", .conv = cfg_conv_int, .def = "1024",
-	 .min = 1, .max = 1048576, .off = C_(max_connections)},
+	 .min = 1, .max = 1048576, .off = C_(max_connections),
+	 .reload = CFG_RESTART},
 	{.name = "max_connections_per_ip", .conv = cfg_conv_int, .def = "0",
-	 .min = 0, .max = 1048576, .off = C_(max_connections_per_ip)},
+	 .min = 0, .max = 1048576, .off = C_(max_connections_per_ip),
+	 .reload = CFG_RESTART},
 	{.name = "max_header_size", .conv = cfg_conv_size,
 	 .def = "\"32KiB\"", .min = 1024, .max = 1 << 20,
-	 .off = C_(max_header_size)},
+	 .off = C_(max_header_size), .reload = CFG_RESTART},
 	{.name = "max_request_body", .conv = cfg_conv_size,
 	 .def = "\"1MiB\"", .min = 1, .max = CFG_GIB,
-	 .off = C_(max_request_body)},
+	 .off = C_(max_request_body), .reload = CFG_APPLY},
 	{.name = "max_stored_response", .conv = cfg_conv_size,
 	 .def = "\"4MiB\"", .min = 1, .max = CFG_GIB,
-	 .off = C_(max_stored_response)},
+	 .off = C_(max_stored_response), .reload = CFG_APPLY},
 	{.name = "max_response", .conv = cfg_conv_size,
 	 .def = "\"256MiB\"", .min = 1, .max = 16 * CFG_GIB,
-	 .off = C_(max_response)},
+	 .off = C_(max_response), .reload = CFG_APPLY},
 	{.name = "replay_cache_size", .conv = cfg_conv_size,
 	 .def = "\"64MiB\"", .min = 0, .max = 16 * CFG_GIB,
-	 .off = C_(replay_cache_size)},
+	 .off = C_(replay_cache_size), .reload = CFG_APPLY},
 	{.name = "replay_cache_ttl", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_DAY,
-	 .off = C_(replay_cache_ttl_ms)},
+	 .off = C_(replay_cache_ttl_ms), .reload = CFG_APPLY},
 	{.name = "shutdown_grace", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_HOUR,
-	 .off = C_(shutdown_grace_ms)},
+	 .off = C_(shutdown_grace_ms), .reload = CFG_APPLY},
 	{.name = "busy_poll", .conv = cfg_conv_duration, .def = "\"0ms\"",
-	 .min = 0, .max = 100, .off = C_(busy_poll_ms)},
+	 .min = 0, .max = 100, .off = C_(busy_poll_ms), .reload = CFG_APPLY},
 	{.name = "log_level", .conv = cfg_conv_enum, .def = "\"info\"",
-	 .off = C_(log_level), .choices = cfg_log_levels},
+	 .off = C_(log_level), .choices = cfg_log_levels, .reload = CFG_APPLY},
 	{.name = "log_format", .conv = cfg_conv_flag, .def = "\"json\"",
-	 .off = C_(log_json), .choices = cfg_log_formats},
+	 .off = C_(log_json), .choices = cfg_log_formats, .reload = CFG_APPLY},
 };
 
 static const cfg_opt cfg_database[] = {
 	{.name = "url", .conv = cfg_conv_string,
-	 .def = "\"postgresql:///idemproxy\"", .off = C_(db_url)},
+	 .def = "\"postgresql:///idemproxy\"", .off = C_(db_url),
+	 .reload = CFG_RESTART},
 	{.name = "statement_timeout", .conv = cfg_conv_duration,
 	 .def = "\"2s\"", .min = 1, .max = CFG_MS_HOUR,
-	 .off = C_(statement_timeout_ms)},
+	 .off = C_(statement_timeout_ms), .reload = CFG_APPLY},
 	{.name = "unavailable", .conv = cfg_conv_flag, .def = "\"reject\"",
-	 .off = C_(db_unavailable_forward), .choices = cfg_unavailable},
+	 .off = C_(db_unavailable_forward), .choices = cfg_unavailable,
+	 .reload = CFG_APPLY},
 };
 
 /* A reaper faster than 100ms would only keep the database busy. */
 static const cfg_opt cfg_reaper[] = {
 	{.name = "interval", .conv = cfg_conv_duration, .def = "\"5s\"",
-	 .min = 100, .max = CFG_MS_HOUR, .off = C_(reaper_interval_ms)},
+	 .min = 100, .max = CFG_MS_HOUR, .off = C_(reaper_interval_ms),
+	 .reload = CFG_APPLY},
 	{.name = "batch", .conv = cfg_conv_int, .def = "1000", .min = 1,
-	 .max = 100000, .off = C_(reaper_batch)},
+	 .max = 100000, .off = C_(reaper_batch), .reload = CFG_APPLY},
 };
 
 /* Settable in `defaults` and in each route. */
 static const cfg_opt cfg_route[] = {
 	{.name = "methods", .conv = cfg_conv_methods,
-	 .def = "[\"POST\", \"PATCH\"]", .off = R_(methods)},
+	 .def = "[\"POST\", \"PATCH\"]", .off = R_(methods),
+	 .reload = CFG_APPLY},
 	{.name = "key", .conv = cfg_conv_flag, .def = "\"required\"",
-	 .off = R_(key_required), .choices = cfg_key_modes},
+	 .off = R_(key_required), .choices = cfg_key_modes,
+	 .reload = CFG_APPLY},
 	{.name = "tenant", .conv = cfg_conv_tenant,
 	 .def = "\"static:default\"", .off = R_(tenant_kind),
-	 .aux = R_(tenant_arg)},
+	 .aux = R_(tenant_arg), .reload = CFG_APPLY},
 	{.name = "ttl", .conv = cfg_conv_duration, .def = "\"24h\"",
-	 .min = CFG_MS_SECOND, .max = 3650 * CFG_MS_DAY, .off = R_(ttl_ms)},
+	 .min = CFG_MS_SECOND, .max = 3650 * CFG_MS_DAY, .off = R_(ttl_ms),
+	 .reload = CFG_APPLY},
 	{.name = "lease", .conv = cfg_conv_duration, .def = "\"30s\"",
-	 .min = 1, .max = CFG_MS_DAY, .off = R_(lease_ms)},
+	 .min = 1, .max = CFG_MS_DAY, .off = R_(lease_ms), .reload = CFG_APPLY},
 	{.name = "upstream_timeout", .conv = cfg_conv_duration,
 	 .def = "\"25s\"", .min = 1, .max = CFG_MS_DAY,
-	 .off = R_(upstream_timeout_ms)},
+	 .off = R_(upstream_timeout_ms), .reload = CFG_APPLY},
 	{.name = "retry_after", .conv = cfg_conv_duration, .def = "\"1s\"",
-	 .min = 1, .max = CFG_MS_HOUR, .off = R_(retry_after_ms)},
+	 .min = 1, .max = CFG_MS_HOUR, .off = R_(retry_after_ms),
+	 .reload = CFG_APPLY},
 	{.name = "mismatch_status", .conv = cfg_conv_int_choice, .def = "409",
-	 .off = R_(mismatch_status), .choices = cfg_mismatch},
+	 .off = R_(mismatch_status), .choices = cfg_mismatch,
+	 .reload = CFG_APPLY},
 	{.name = "release_statuses", .conv = cfg_conv_statuses,
 	 .def = "[408, 425, 429, 500, 502, 503, 504]", .min = 100,
 	 .max = 599, .off = R_(release_statuses),
-	 .aux = R_(n_release_statuses)},
+	 .aux = R_(n_release_statuses), .reload = CFG_APPLY},
 	{.name = "on_unknown", .conv = cfg_conv_flag,
 	 .def = "\"release_after_lease\"", .off = R_(on_unknown_hold),
-	 .choices = cfg_on_unknown},
+	 .choices = cfg_on_unknown, .reload = CFG_APPLY},
 	{.name = "replay_headers", .conv = cfg_conv_replay_headers,
 	 .def = "[\"Content-Type\", \"Content-Language\", \"Location\", "
 		"\"ETag\", \"Last-Modified\", \"Link\", \"Cache-Control\"]",
-	 .off = R_(replay_headers)},
+	 .off = R_(replay_headers), .reload = CFG_APPLY},
 	{.name = "fingerprint_headers", .conv = cfg_conv_headers, .def = "[]",
-	 .off = R_(fingerprint_headers)},
+	 .off = R_(fingerprint_headers), .reload = CFG_APPLY},
 };
 
 /* Only in a route, and required there (no default). */
 static const cfg_opt cfg_route_only[] = {
-	{.name = "name", .conv = cfg_conv_route_name, .off = R_(name)},
+	{.name = "name", .conv = cfg_conv_route_name, .off = R_(name),
+	 .reload = CFG_APPLY},
 	{.name = "path", .conv = cfg_conv_path, .off = R_(path),
-	 .aux = R_(tpl)},
-	{.name = "upstream", .conv = cfg_conv_upstream, .off = R_(upstream)},
+	 .aux = R_(tpl), .reload = CFG_APPLY},
+	{.name = "upstream", .conv = cfg_conv_upstream, .off = R_(upstream),
+	 .reload = CFG_APPLY},
 };
 
 /* Top-level groups, handled by code rather than converters. */
@@ -860,6 +884,77 @@ static const struct cfg_scope {
 	[CFG_REAPER] = {"reaper", cfg_reaper, CFG_N(cfg_reaper)},
 	[CFG_ROUTE] = {"route", cfg_route, CFG_N(cfg_route)},
 };
+
+/* ---- reload rules ---------------------------------------------------- */
+
+static const struct {
+	const char *scope;
+	const cfg_opt *opts;
+	size_t n;
+	bool per_route; /* into route_cfg, not config */
+} cfg_all_tables[] = {
+	{"", cfg_top, CFG_N(cfg_top), false},
+	{"database", cfg_database, CFG_N(cfg_database), false},
+	{"reaper", cfg_reaper, CFG_N(cfg_reaper), false},
+	{"route", cfg_route, CFG_N(cfg_route), true},
+	{"route-only", cfg_route_only, CFG_N(cfg_route_only), true},
+};
+
+void config_each_setting(void (*fn)(void *arg, const char *scope,
+				    const char *name,
+				    enum config_reload rule),
+			 void *arg)
+{
+	for (size_t i = 0; i < CFG_N(cfg_all_tables); i++)
+		for (size_t j = 0; j < cfg_all_tables[i].n; j++)
+			fn(arg, cfg_all_tables[i].scope,
+			   cfg_all_tables[i].opts[j].name,
+			   cfg_all_tables[i].opts[j].reload);
+}
+
+#define CFG_VAL(o, base, type) (*(const type *)((const char *)(base) + (o)->off))
+
+/* Restart-only settings are single values of the top-level scopes; a row of
+ * another kind marked restart-only fails here, in the unit test. */
+static bool cfg_same(const cfg_opt *o, const config *a, const config *b)
+{
+	if (o->conv == cfg_conv_string || o->conv == cfg_conv_listen ||
+	    o->conv == cfg_conv_listen_or_off)
+		return strcmp(CFG_VAL(o, a, char *), CFG_VAL(o, b, char *)) == 0;
+	if (o->conv == cfg_conv_int || o->conv == cfg_conv_enum ||
+	    o->conv == cfg_conv_int_choice)
+		return CFG_VAL(o, a, int) == CFG_VAL(o, b, int);
+	if (o->conv == cfg_conv_duration || o->conv == cfg_conv_size)
+		return CFG_VAL(o, a, int64_t) == CFG_VAL(o, b, int64_t);
+	IP_ASSERT(o->conv == cfg_conv_flag);
+	return CFG_VAL(o, a, bool) == CFG_VAL(o, b, bool);
+}
+
+size_t config_restart_changes(const config *running, const config *next,
+			      char *buf, size_t len)
+{
+	ip_buf names = {0};
+	size_t n = 0;
+	for (size_t i = 0; i < CFG_N(cfg_all_tables); i++) {
+		/* Routes are replaced as a whole, on every reload. */
+		if (cfg_all_tables[i].per_route)
+			continue;
+		for (size_t j = 0; j < cfg_all_tables[i].n; j++) {
+			const cfg_opt *o = &cfg_all_tables[i].opts[j];
+			if (o->reload != CFG_RESTART ||
+			    cfg_same(o, running, next))
+				continue;
+			ip_buf_printf(&names, "%s%s%s%s", n ? "," : "",
+				      cfg_all_tables[i].scope,
+				      *cfg_all_tables[i].scope ? "." : "",
+				      o->name);
+			n++;
+		}
+	}
+	snprintf(buf, len, "%s", names.data ? names.data : "");
+	ip_buf_free(&names);
+	return n;
+}
 
 /* ---- applying tables ------------------------------------------------- */
 

@@ -33,6 +33,15 @@
 static pthread_mutex_t cfg_mu = PTHREAD_MUTEX_INITIALIZER;
 static config *cfg_current;
 
+/* What a reload adjusts, set up by serve(). started is the configuration
+ * the process started with: restart-only settings keep its values. */
+static struct {
+	config *started;
+	replay_cache *cache;
+	worker_pool *pool;
+	reaper *reaper;
+} running;
+
 static config *get_config(void *arg)
 {
 	pthread_mutex_lock(&cfg_mu);
@@ -113,6 +122,18 @@ static int check_schema(config *cfg)
 	return 0;
 }
 
+/* The reloadable settings that live outside the per-request configuration
+ * (the rest is read from each request's own reference). */
+static void apply_settings(const config *c)
+{
+	log_setup(c->log_level, c->log_json);
+	busy_set_budget_ms(c->busy_poll_ms);
+	replay_cache_resize(running.cache, (size_t)c->replay_cache_size);
+	worker_pool_set_queue_size(running.pool, c->queue_size);
+	reaper_configure(running.reaper, c->statement_timeout_ms,
+			 c->reaper_interval_ms, c->reaper_batch);
+}
+
 static void reload(const char *file)
 {
 	char err[1024];
@@ -124,16 +145,14 @@ static void reload(const char *file)
 	}
 	pthread_mutex_lock(&cfg_mu);
 	config *old = cfg_current;
-	if (strcmp(old->listen, n->listen) || old->workers != n->workers ||
-	    strcmp(old->db_url, n->db_url) ||
-	    strcmp(old->admin_listen, n->admin_listen))
-		log_warn("reload: listen, admin_listen, workers and "
-			 "database.url take effect only after a restart",
-			 NULL);
 	cfg_current = n;
 	pthread_mutex_unlock(&cfg_mu);
-	log_setup(n->log_level, n->log_json);
-	busy_set_budget_ms(n->busy_poll_ms);
+	apply_settings(n);
+	char names[512];
+	if (config_restart_changes(running.started, n, names, sizeof names))
+		log_warn("reload: settings that differ from the running ones "
+			 "take effect only after a restart",
+			 "settings=%s", names);
 	log_info("configuration reloaded", "file=%s routes=%zu", file,
 		 n->n_routes);
 	config_unref(old);
@@ -158,15 +177,17 @@ static int serve(config *cfg)
 
 	cfg_current = cfg;
 	busy_set_budget_ms(cfg->busy_poll_ms);
+	running.started = config_ref(cfg);
 	char err[512];
-	replay_cache *cache =
-		cfg->replay_cache_size > 0
-			? replay_cache_new((size_t)cfg->replay_cache_size)
-			: NULL;
+	/* Even at size 0: a reload may turn it on. */
+	replay_cache *cache = replay_cache_new((size_t)cfg->replay_cache_size);
+	running.cache = cache;
+	/* Workers read the URL when they start, which may be after the first
+	 * reload has freed cfg: they get a copy of their own. */
+	char *db_url = xstrdup(cfg->db_url);
 	record_retry *retry =
-		record_retry_start(cfg->db_url, cfg->statement_timeout_ms);
-	proxy_shared shared = {cfg->db_url, cfg->statement_timeout_ms, cache,
-			       retry};
+		record_retry_start(db_url, cfg->statement_timeout_ms);
+	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cache, retry};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;
@@ -176,7 +197,7 @@ static int serve(config *cfg)
 			.db_url = cfg->db_url,
 			.statement_timeout_ms = cfg->statement_timeout_ms,
 			.get_config = get_config,
-			.forget = cache ? forget_cached : NULL,
+			.forget = forget_cached,
 			.forget_arg = cache,
 		};
 		adm = admin_start(&ao, err, sizeof err);
@@ -187,6 +208,7 @@ static int serve(config *cfg)
 	}
 	worker_pool *pool =
 		worker_pool_start(cfg->workers, cfg->queue_size, &ops);
+	running.pool = pool;
 	front_opts fo = {
 		.listen = cfg->listen,
 		.max_connections = cfg->max_connections,
@@ -207,6 +229,7 @@ static int serve(config *cfg)
 	}
 	reaper *rp = reaper_start(cfg->db_url, cfg->statement_timeout_ms,
 				  cfg->reaper_interval_ms, cfg->reaper_batch);
+	running.reaper = rp;
 	log_info("idemproxy started", "listen=%s admin=%s workers=%d routes=%zu",
 		 cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
 		 cfg->workers, cfg->n_routes);
@@ -258,10 +281,14 @@ static int serve(config *cfg)
 	cfg_current = NULL;
 	pthread_mutex_unlock(&cfg_mu);
 	free(file);
+	free(db_url);
+	config_unref(running.started);
 	return 0;
 fail:
 	record_retry_stop(retry, 0);
 	replay_cache_free(cache);
+	free(db_url);
+	config_unref(running.started);
 	cfg_current = NULL;
 	config_unref(cfg);
 	return 1;

@@ -53,12 +53,39 @@ void pg_link_quiet(PGconn *c)
 	PQsetNoticeProcessor(c, quiet_notices, NULL);
 }
 
+void pg_link_set_statement_timeout(pg_link *l, int64_t ms)
+{
+	l->statement_timeout_ms = ms;
+}
+
+static int set_timeout(pg_link *l, PGconn *c, char *err, size_t errlen)
+{
+	char sql[64];
+	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
+		 (long long)l->statement_timeout_ms);
+	PGresult *r = PQexec(c, sql);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+		pg_link_err(err, errlen, "set", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	PQclear(r);
+	l->timeout_set_ms = l->statement_timeout_ms;
+	return 0;
+}
+
 int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 {
 	if (fresh)
 		*fresh = false;
-	if (l->conn)
-		return 0;
+	if (l->conn) {
+		if (l->timeout_set_ms == l->statement_timeout_ms)
+			return 0;
+		if (set_timeout(l, l->conn, err, errlen) == 0)
+			return 0;
+		pg_link_drop_if_broken(l);
+		return -1;
+	}
 	/* Our defaults first; the expanded URL (last) overrides any of them. */
 	const char *keys[] = {"connect_timeout", "keepalives",
 			      "keepalives_idle", "keepalives_interval",
@@ -76,18 +103,11 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 		return -1;
 	}
 	pg_link_quiet(c);
-	char sql[64];
-	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
-		 (long long)l->statement_timeout_ms);
-	PGresult *r = PQexec(c, sql);
-	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
-		pg_link_err(err, errlen, "set", PQresultErrorMessage(r));
-		PQclear(r);
+	if (set_timeout(l, c, err, errlen)) {
 		PQfinish(c);
 		mark_down(l, err);
 		return -1;
 	}
-	PQclear(r);
 	l->conn = c;
 	if (l->down)
 		log_info("store connection re-established", "who=%s", l->app);

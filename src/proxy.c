@@ -22,6 +22,11 @@ typedef struct proxy_worker {
 	int index;
 	replay_cache *cache;
 	record_retry *retry;
+	/* For the replay cache, about the job in hand: the forget generation
+	 * of its key, read before its claim, and its record's expiry as the
+	 * claim saw it (an upstream call may come between the two). */
+	uint64_t cache_gen;
+	double cache_expires_ms;
 	store *st;
 	upstream *up;
 	ip_buf scratch;
@@ -341,22 +346,24 @@ static void respond_replay(job *j, int status, const char *headers,
 	replay_body(j, body, body_len);
 }
 
-/* How long this process may trust a completed record from its cache. */
-static double cache_deadline(const job *j, int64_t expires_in_ms)
+/* How long this process may trust a completed record from its cache: at
+ * most the cache ttl from now, and never past the record's expiry. */
+static double cache_deadline(const job *j, double record_expires_ms)
 {
-	int64_t ttl = j->cfg->replay_cache_ttl_ms;
-	return ip_now_ms() + (double)(expires_in_ms < ttl ? expires_in_ms : ttl);
+	double ttl_end = ip_now_ms() + (double)j->cfg->replay_cache_ttl_ms;
+	return record_expires_ms < ttl_end ? record_expires_ms : ttl_end;
 }
 
 static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
 		      int status, const char *headers, size_t headers_len,
-		      const char *body, size_t body_len, int64_t expires_in_ms)
+		      const char *body, size_t body_len)
 {
 	if (!w->cache || j->cfg->replay_cache_ttl_ms <= 0)
 		return;
 	replay_key k = {p->tenant, p->route->name, p->key};
 	replay_entry e = {j->fp, status, headers, headers_len, body, body_len};
-	replay_cache_put(w->cache, &k, &e, cache_deadline(j, expires_in_ms));
+	replay_cache_put(w->cache, &k, &e,
+			 cache_deadline(j, w->cache_expires_ms), w->cache_gen);
 }
 
 static void replay(proxy_worker *w, job *j, const idem_plan *p,
@@ -373,7 +380,7 @@ static void replay(proxy_worker *w, job *j, const idem_plan *p,
 	respond_replay(j, c->status, c->headers, c->headers_len, c->body,
 		       c->body_len);
 	cache_put(w, j, p, c->status, c->headers, c->headers_len, c->body,
-		  c->body_len, c->expires_in_ms);
+		  c->body_len);
 }
 
 /* A write the worker could not make (the store failed, even after one
@@ -454,8 +461,7 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 			 r->name, j->key);
 	} else if (what == REC_COMPLETE && replayable) {
 		cache_put(w, j, p, resp->status, w->scratch.data,
-			  w->scratch.len, resp->body.data, resp->body.len,
-			  c->expires_in_ms);
+			  w->scratch.len, resp->body.data, resp->body.len);
 	}
 }
 
@@ -540,6 +546,12 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	};
 	claim_result c;
 	char err[256];
+	if (w->cache) {
+		/* Before the store: an operator's forget from now on
+		 * invalidates whatever this claim returns. */
+		replay_key rk = {p->tenant, r->name, p->key};
+		w->cache_gen = replay_cache_generation(w->cache, &rk);
+	}
 	double t0 = ip_now_ms();
 	int rc = store_claim(w->st, &req, &c, err, sizeof err);
 	double ms = ip_now_ms() - t0;
@@ -549,6 +561,8 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		store_down(w, j, r, err);
 		return;
 	}
+	/* From before the claim was sent: never later than the store's. */
+	w->cache_expires_ms = t0 + (double)c.expires_in_ms;
 	metrics_set_store_up(true);
 	j->attempt = c.attempt;
 	switch (c.decision) {
@@ -618,6 +632,7 @@ bool proxy_fast_path(void *arg, job *j)
 	/* Canonicalising a large JSON body would stall every connection on
 	 * the event thread: leave those to a worker. */
 	if (p->action != IDEM_CLAIM || !sh->cache ||
+	    !replay_cache_enabled(sh->cache) ||
 	    j->body.len > FAST_PATH_MAX_BODY)
 		return false;
 	compute_fingerprint(j, p->route, j->fp);
@@ -646,6 +661,7 @@ void proxy_worker_handle(void *ctx, void *item)
 {
 	proxy_worker *w = ctx;
 	job *j = item;
+	store_set_statement_timeout(w->st, j->cfg->statement_timeout_ms);
 	const idem_plan *p = plan_job(j);
 	const route_cfg *r = p->route;
 	switch (p->action) {

@@ -10,10 +10,16 @@
 #include "metrics.h"
 #include "store_pg.h"
 
-struct reaper {
-	store *st;
+/* The settings a reload may change; the thread reads them at each pass. */
+typedef struct reaper_settings {
 	int64_t interval_ms;
 	int batch;
+	int64_t statement_timeout_ms;
+} reaper_settings;
+
+struct reaper {
+	store *st;
+	reaper_settings set; /* under mu */
 	pthread_t thread;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -22,28 +28,32 @@ struct reaper {
 };
 
 /* Runs one batch statement until a batch comes back less than full. */
-static int drain(reaper *r, int (*fn)(store *, int, int *, char *, size_t),
-		 int *total, char *err, size_t errlen)
+static int drain(reaper *r, int batch,
+		 int (*fn)(store *, int, int *, char *, size_t), int *total,
+		 char *err, size_t errlen)
 {
 	*total = 0;
 	for (;;) {
 		int n = 0;
-		if (fn(r->st, r->batch, &n, err, errlen))
+		if (fn(r->st, batch, &n, err, errlen))
 			return -1;
 		*total += n;
-		if (n < r->batch)
+		if (n < batch)
 			return 0;
 	}
 }
 
-static void pass(reaper *r)
+static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
+	store_set_statement_timeout(r->st, set->statement_timeout_ms);
 	int released = 0, purged = 0;
 	int64_t count = 0;
 	double age = 0;
-	if (drain(r, store_reap_leases, &released, err, sizeof err) ||
-	    drain(r, store_purge_expired, &purged, err, sizeof err) ||
+	if (drain(r, set->batch, store_reap_leases, &released, err,
+		  sizeof err) ||
+	    drain(r, set->batch, store_purge_expired, &purged, err,
+		  sizeof err) ||
 	    store_processing_stats(r->st, &count, &age, err, sizeof err)) {
 		metrics_set_store_up(false);
 		if (!r->was_down)
@@ -62,28 +72,51 @@ static void pass(reaper *r)
 			 released, purged, (long long)count);
 }
 
+static struct timespec after_ms(struct timespec t, int64_t ms)
+{
+	t.tv_sec += ms / 1000;
+	t.tv_nsec += (ms % 1000) * 1000000L;
+	if (t.tv_nsec >= 1000000000L) {
+		t.tv_sec++;
+		t.tv_nsec -= 1000000000L;
+	}
+	return t;
+}
+
+/* Between passes it sleeps for the interval; a reload wakes it so that a
+ * new interval counts from the end of the last pass, not from the end of
+ * the old interval. */
 static void *reaper_main(void *arg)
 {
 	reaper *r = arg;
 	pthread_mutex_lock(&r->mu);
 	while (!r->stopping) {
+		reaper_settings set = r->set;
 		pthread_mutex_unlock(&r->mu);
-		pass(r);
+		pass(r, &set);
 		pthread_mutex_lock(&r->mu);
-		struct timespec ts;
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_sec += r->interval_ms / 1000;
-		ts.tv_nsec += (r->interval_ms % 1000) * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
+		struct timespec done;
+		clock_gettime(CLOCK_REALTIME, &done);
+		while (!r->stopping) {
+			struct timespec ts = after_ms(done, r->set.interval_ms);
+			if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) ==
+			    ETIMEDOUT)
+				break;
 		}
-		while (!r->stopping &&
-		       pthread_cond_timedwait(&r->cv, &r->mu, &ts) != ETIMEDOUT)
-			;
 	}
 	pthread_mutex_unlock(&r->mu);
 	return NULL;
+}
+
+static reaper_settings settings_of(int64_t interval_ms, int batch,
+				   int64_t statement_timeout_ms)
+{
+	reaper_settings s = {
+		.interval_ms = interval_ms > 0 ? interval_ms : 1000,
+		.batch = batch > 0 ? batch : 1000,
+		.statement_timeout_ms = statement_timeout_ms,
+	};
+	return s;
 }
 
 reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
@@ -91,12 +124,20 @@ reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
 {
 	reaper *r = xcalloc(1, sizeof *r);
 	r->st = store_new(db_url, statement_timeout_ms);
-	r->interval_ms = interval_ms > 0 ? interval_ms : 1000;
-	r->batch = batch > 0 ? batch : 1000;
+	r->set = settings_of(interval_ms, batch, statement_timeout_ms);
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	IP_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
 	return r;
+}
+
+void reaper_configure(reaper *r, int64_t statement_timeout_ms,
+		      int64_t interval_ms, int batch)
+{
+	pthread_mutex_lock(&r->mu);
+	r->set = settings_of(interval_ms, batch, statement_timeout_ms);
+	pthread_cond_signal(&r->cv);
+	pthread_mutex_unlock(&r->mu);
 }
 
 void reaper_stop(reaper *r)

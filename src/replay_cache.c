@@ -3,6 +3,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+
+#include "siphash.h"
 
 #include "metrics.h"
 
@@ -11,7 +14,7 @@
 typedef struct entry {
 	struct entry *next;        /* bucket chain */
 	struct entry *older, *newer; /* insertion order, for eviction */
-	uint32_t hv;
+	uint64_t hv;
 	size_t id_len;             /* tenant \0 operation \0 key */
 	uint8_t hash[FP_LEN];
 	int status;
@@ -21,10 +24,20 @@ typedef struct entry {
 	char data[];               /* id, then headers, then body */
 } entry;
 
+/* Keys are chosen by clients and the chains are walked on the event thread
+ * under the mutex: the bucket comes from a hash keyed with a secret drawn at
+ * creation, so no one can aim keys at one chain.
+ *
+ * gen[b] counts the forgets of bucket b. A worker reads it before it asks
+ * the store, and its put is dropped when a forget came in between: what the
+ * store said may already be deleted. Per bucket, so a forget costs other
+ * keys nothing but a rare missed put. */
 struct replay_cache {
 	pthread_mutex_t mu;
+	uint8_t hash_key[IP_SIPHASH_KEY_LEN];
 	size_t max_bytes, bytes, count;
 	entry *buckets[NBUCKETS];
+	uint64_t gen[NBUCKETS];
 	entry *oldest, *newest;
 };
 
@@ -44,14 +57,14 @@ static size_t id_build(const replay_key *k, char *out, size_t cap)
 	return n;
 }
 
-static uint32_t fnv1a(const char *p, size_t n)
+static uint64_t id_hash(const replay_cache *c, const char *id, size_t n)
 {
-	uint32_t h = 2166136261u;
-	for (size_t i = 0; i < n; i++) {
-		h ^= (uint8_t)p[i];
-		h *= 16777619u;
-	}
-	return h;
+	return ip_siphash24(c->hash_key, id, n);
+}
+
+static size_t bucket_of(uint64_t hv)
+{
+	return (size_t)(hv & (NBUCKETS - 1));
 }
 
 replay_cache *replay_cache_new(size_t max_bytes)
@@ -59,6 +72,8 @@ replay_cache *replay_cache_new(size_t max_bytes)
 	replay_cache *c = xcalloc(1, sizeof *c);
 	pthread_mutex_init(&c->mu, NULL);
 	c->max_bytes = max_bytes;
+	IP_ASSERT(getrandom(c->hash_key, sizeof c->hash_key, 0) ==
+		  (ssize_t)sizeof c->hash_key);
 	return c;
 }
 
@@ -76,10 +91,10 @@ void replay_cache_free(replay_cache *c)
 	free(c);
 }
 
-static entry **find_slot(replay_cache *c, uint32_t hv, const char *id,
+static entry **find_slot(replay_cache *c, uint64_t hv, const char *id,
 			 size_t n)
 {
-	entry **p = &c->buckets[hv & (NBUCKETS - 1)];
+	entry **p = &c->buckets[bucket_of(hv)];
 	for (; *p; p = &(*p)->next)
 		if ((*p)->hv == hv && (*p)->id_len == n &&
 		    !memcmp((*p)->data, id, n))
@@ -113,19 +128,34 @@ static void drop_entry(replay_cache *c, entry *e)
 	drop(c, slot);
 }
 
+/* Drops the oldest entries while they are expired or while room is needed
+ * for `need` more bytes. Deadlines are set at insertion as now + at most the
+ * cache ttl, so the oldest entries are the first to expire: dropping them
+ * here keeps the cache at what the last ttl's worth of traffic needs, not
+ * at its byte bound. */
+static void evict(replay_cache *c, size_t need, double now)
+{
+	while (c->oldest && (c->oldest->expires_ms <= now ||
+			     c->bytes + need > c->max_bytes))
+		drop_entry(c, c->oldest);
+}
+
 void replay_cache_put(replay_cache *c, const replay_key *k,
-		      const replay_entry *r, double expires_ms)
+		      const replay_entry *r, double expires_ms, uint64_t gen)
 {
 	char id[3 * 256 + 8];
 	size_t n = id_build(k, id, sizeof id);
 	if (!n)
 		return;
 	size_t size = sizeof(entry) + n + r->headers_len + r->body_len;
-	if (size > c->max_bytes)
+	pthread_mutex_lock(&c->mu);
+	bool fits = size <= c->max_bytes;
+	pthread_mutex_unlock(&c->mu);
+	if (!fits)
 		return;
 	entry *e = xmalloc(size);
 	memset(e, 0, sizeof *e);
-	e->hv = fnv1a(id, n);
+	e->hv = id_hash(c, id, n);
 	e->id_len = n;
 	memcpy(e->hash, r->hash, FP_LEN);
 	e->status = r->status;
@@ -141,16 +171,17 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 
 	double now = ip_now_ms();
 	pthread_mutex_lock(&c->mu);
+	/* A forget since the caller read gen, or a resize since the check
+	 * above: the entry must not go in. */
+	if (c->gen[bucket_of(e->hv)] != gen || size > c->max_bytes) {
+		pthread_mutex_unlock(&c->mu);
+		free(e);
+		return;
+	}
 	entry **slot = find_slot(c, e->hv, id, n);
 	if (*slot)
 		drop(c, slot);
-	/* Deadlines are set at insertion as now + at most the cache ttl, so
-	 * the oldest entries are the first to expire: dropping them here keeps
-	 * the cache at what the last ttl's worth of traffic needs, not at its
-	 * byte bound. */
-	while (c->oldest && (c->oldest->expires_ms <= now ||
-			     c->bytes + size > c->max_bytes))
-		drop_entry(c, c->oldest);
+	evict(c, size, now);
 	slot = find_slot(c, e->hv, id, n);
 	*slot = e;
 	e->older = c->newest;
@@ -173,7 +204,7 @@ bool replay_cache_get(replay_cache *c, const replay_key *k,
 	size_t n = id_build(k, id, sizeof id);
 	if (!n)
 		return false;
-	uint32_t hv = fnv1a(id, n);
+	uint64_t hv = id_hash(c, id, n);
 	bool hit = false;
 	pthread_mutex_lock(&c->mu);
 	entry **slot = find_slot(c, hv, id, n);
@@ -199,11 +230,49 @@ void replay_cache_forget(replay_cache *c, const replay_key *k)
 	size_t n = id_build(k, id, sizeof id);
 	if (!n)
 		return;
+	uint64_t hv = id_hash(c, id, n);
 	pthread_mutex_lock(&c->mu);
-	entry **slot = find_slot(c, fnv1a(id, n), id, n);
+	c->gen[bucket_of(hv)]++;
+	entry **slot = find_slot(c, hv, id, n);
 	if (*slot)
 		drop(c, slot);
 	pthread_mutex_unlock(&c->mu);
+}
+
+uint64_t replay_cache_generation(replay_cache *c, const replay_key *k)
+{
+	char id[3 * 256 + 8];
+	size_t n = id_build(k, id, sizeof id);
+	if (!n)
+		return 0;
+	size_t b = bucket_of(id_hash(c, id, n));
+	pthread_mutex_lock(&c->mu);
+	uint64_t g = c->gen[b];
+	pthread_mutex_unlock(&c->mu);
+	return g;
+}
+
+void replay_cache_resize(replay_cache *c, size_t max_bytes)
+{
+	pthread_mutex_lock(&c->mu);
+	c->max_bytes = max_bytes;
+	evict(c, 0, ip_now_ms());
+	pthread_mutex_unlock(&c->mu);
+}
+
+bool replay_cache_enabled(replay_cache *c)
+{
+	pthread_mutex_lock(&c->mu);
+	bool on = c->max_bytes > 0;
+	pthread_mutex_unlock(&c->mu);
+	return on;
+}
+
+size_t replay_cache_bucket(replay_cache *c, const replay_key *k)
+{
+	char id[3 * 256 + 8];
+	size_t n = id_build(k, id, sizeof id);
+	return n ? bucket_of(id_hash(c, id, n)) : 0;
 }
 
 void replay_cache_stats(replay_cache *c, size_t *entries, size_t *bytes)

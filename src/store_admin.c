@@ -30,6 +30,11 @@ void store_admin_free(store_admin *s)
 	free(s);
 }
 
+void store_admin_set_statement_timeout(store_admin *s, int64_t ms)
+{
+	pg_link_set_statement_timeout(&s->link, ms);
+}
+
 /* Runs sql with text parameters and text results. A connection that broke
  * while idle (the database restarted) shows only on first use; when
  * may_repeat is set the statement is then sent once more on a fresh

@@ -115,6 +115,11 @@ void store_free(store *s)
 	free(s);
 }
 
+void store_set_statement_timeout(store *s, int64_t ms)
+{
+	pg_link_set_statement_timeout(&s->link, ms);
+}
+
 static int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
 		   size_t errlen, const char *what)
 {

@@ -23,7 +23,8 @@ typedef struct slot {
 struct worker_pool {
 	pthread_mutex_t mu;
 	void **ring;
-	int cap, head, active;
+	int cap, head, active; /* cap: slots in ring, at least bound */
+	int bound;             /* queue_size: more waiting -> refused */
 	atomic_int count;     /* read without the lock by the spinner */
 	atomic_bool stopping;
 	bool spinner;         /* a worker polls the queue */
@@ -114,6 +115,7 @@ worker_pool *worker_pool_start(int threads, int queue_size,
 	worker_pool *p = xcalloc(1, sizeof *p);
 	pthread_mutex_init(&p->mu, NULL);
 	p->cap = queue_size > 0 ? queue_size : 1;
+	p->bound = p->cap;
 	p->ring = xcalloc((size_t)p->cap, sizeof *p->ring);
 	p->ops = *ops;
 	p->nthreads = threads;
@@ -133,7 +135,7 @@ bool worker_pool_submit(worker_pool *p, void *item)
 	pthread_mutex_lock(&p->mu);
 	/* The queue only holds what no worker has picked up yet: with every
 	 * worker busy, cap more requests may wait, then we shed load. */
-	if (p->stopping || p->count == p->cap) {
+	if (p->stopping || p->count >= p->bound) {
 		pthread_mutex_unlock(&p->mu);
 		return false;
 	}
@@ -147,6 +149,26 @@ bool worker_pool_submit(worker_pool *p, void *item)
 	}
 	pthread_mutex_unlock(&p->mu);
 	return true;
+}
+
+void worker_pool_set_queue_size(worker_pool *p, int queue_size)
+{
+	int bound = queue_size > 0 ? queue_size : 1;
+	pthread_mutex_lock(&p->mu);
+	/* Items already waiting stay: the ring keeps room for them, and a
+	 * lower bound only refuses new ones until the queue drains below it. */
+	int cap = bound > p->count ? bound : p->count;
+	if (cap != p->cap) {
+		void **ring = xcalloc((size_t)cap, sizeof *ring);
+		for (int i = 0; i < p->count; i++)
+			ring[i] = p->ring[(p->head + i) % p->cap];
+		free(p->ring);
+		p->ring = ring;
+		p->cap = cap;
+		p->head = 0;
+	}
+	p->bound = bound;
+	pthread_mutex_unlock(&p->mu);
 }
 
 int worker_pool_busy(worker_pool *p)

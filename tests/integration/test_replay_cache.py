@@ -6,7 +6,7 @@ import pytest
 import requests
 
 from conftest import ADMIN_TOKEN
-from helpers import TIMEOUT, assert_problem, is_replay, new_key
+from helpers import TIMEOUT, assert_problem, is_replay, new_key, wait_until
 from store_support import metrics, pay
 
 
@@ -97,4 +97,26 @@ def test_admin_delete_forgets_the_cached_key(make_proxy, stub, pg):
     assert pg.record(key) is None
     fresh = pay(proxy, key)
     assert fresh.status_code == 201 and not is_replay(fresh)
+    assert len(stub.requests(key=key)) == 2
+
+
+def test_cached_replay_ends_when_the_record_expires_however_slow_the_upstream(
+        make_proxy, stub, pg):
+    """The entry's deadline is the record's expiry as the claim saw it, not
+    the claim's remaining ttl counted again from when the upstream answered:
+    once the store has expired the record, the cache must not replay it."""
+    proxy = make_proxy(route_overrides={"create_payment": {
+        "ttl": "4s", "lease": "3s", "upstream_timeout": "2500ms"}})
+    stub.configure({"prefix": "/v1/payments", "delay": 2.0, "times": 1})
+    key = new_key()
+    first = pay(proxy, key)
+    assert first.status_code == 201 and not is_replay(first)
+    # the store says expired (from here the old deadline still had ~2 s)
+    wait_until(lambda: pg.query("SELECT expires_at <= now() AS gone FROM "
+                                "idempotency_records WHERE idem_key = %s",
+                                (key,))[0]["gone"],
+               what="the record to expire")
+    again = pay(proxy, key)
+    assert again.status_code == 201 and not is_replay(again)
+    assert again.content != first.content
     assert len(stub.requests(key=key)) == 2

@@ -98,7 +98,7 @@ def test_bytes_nobody_asked_for_never_reach_another_client(make_proxy, raw, pg, 
         seen = up.seen(keys[t])
         assert len(seen) == 1, "%s reached the upstream %d times" % (t, len(seen))
         rows = pg.query("SELECT * FROM idempotency_records WHERE tenant = %s AND idem_key = %s",
-                        (t, keys[t]))
+                        ("header:" + t, keys[t]))
         assert len(rows) == 1 and rows[0]["state"] == "completed"
         assert json.loads(bytes(rows[0]["response_body"]))["key"] == keys[t]
     # V2 was not written into the connection that carried the extra bytes

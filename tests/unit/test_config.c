@@ -789,6 +789,76 @@ static void test_split_listen(void **state)
 	assert_string_equal(why, "host too long");
 }
 
+/* ---- reload rules ---------------------------------------------------- */
+
+typedef struct rule_seen {
+	int n;
+	char restart[1024]; /* "scope.name," of each restart-only setting */
+} rule_seen;
+
+static void check_rule(void *arg, const char *scope, const char *name,
+		       enum config_reload rule)
+{
+	rule_seen *seen = arg;
+	seen->n++;
+	if (rule != CONFIG_RELOAD_APPLY && rule != CONFIG_RELOAD_RESTART)
+		fail_msg("setting \"%s%s%s\" has no reload rule (.reload in "
+			 "its table row)",
+			 scope, *scope ? "." : "", name);
+	/* A reload replaces the routes as a whole. */
+	if (!strcmp(scope, "route") || !strcmp(scope, "route-only"))
+		if (rule != CONFIG_RELOAD_APPLY)
+			fail_msg("route setting \"%s\" must be applied on "
+				 "reload",
+				 name);
+	if (rule == CONFIG_RELOAD_RESTART) {
+		size_t l = strlen(seen->restart);
+		snprintf(seen->restart + l, sizeof seen->restart - l, "%s%s%s,",
+			 scope, *scope ? "." : "", name);
+	}
+}
+
+static void test_every_setting_has_a_reload_rule(void **state)
+{
+	(void)state;
+	rule_seen seen = {0};
+	config_each_setting(check_rule, &seen);
+	assert_true(seen.n >= 30);
+	assert_string_equal(seen.restart,
+			    "listen,admin_listen,workers,max_connections,"
+			    "max_connections_per_ip,max_header_size,"
+			    "database.url,");
+}
+
+static void test_restart_changes_name_what_differs_from_the_running(
+	void **state)
+{
+	(void)state;
+	config *a = load_text(ROUTE_A);
+	assert_non_null(a);
+	char names[256] = "x";
+	/* Every restart-only setting is compared, without a change. */
+	assert_int_equal(config_restart_changes(a, a, names, sizeof names), 0);
+	assert_string_equal(names, "");
+	config *b = load_text("workers = 3; queue_size = 7;\n"
+			      "max_connections = 10;\n"
+			      "replay_cache_size = 0; log_level = \"debug\";\n"
+			      "database = { url = \"postgresql:///other\";\n"
+			      "  statement_timeout = \"1s\"; };\n"
+			      "reaper = { interval = \"1s\"; batch = 5; };\n"
+			      "routes = ( { name = \"b\"; path = \"/b\"; "
+			      "upstream = \"http://127.0.0.1:9001\"; } );\n");
+	assert_non_null(b);
+	assert_int_equal(config_restart_changes(a, b, names, sizeof names), 3);
+	assert_string_equal(names, "workers,max_connections,database.url");
+	/* cut short to fit, still terminated */
+	char small[10];
+	assert_int_equal(config_restart_changes(a, b, small, sizeof small), 3);
+	assert_string_equal(small, "workers,m");
+	config_unref(a);
+	config_unref(b);
+}
+
 #define T(f) cmocka_unit_test_setup(f, clear_env)
 
 int main(void)
@@ -826,6 +896,8 @@ int main(void)
 		T(test_print_routes),
 		T(test_refcount),
 		T(test_split_listen),
+		T(test_every_setting_has_a_reload_rule),
+		T(test_restart_changes_name_what_differs_from_the_running),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
