@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `make bench`: throughput and latency of idemproxy next to what bounds it,
-# measured in one run on this machine, so that ratios mean something even
-# when absolute numbers do not.
+# `make bench`: throughput, latency and CPU per request of idemproxy next to
+# what bounds it, measured in one run on this machine, so that ratios mean
+# something even when absolute numbers do not.
 #
 # Starts, each on a free port: a throwaway PostgreSQL with fsync and
 # synchronous_commit on (scripts/pg-local.sh), the C stub upstream
@@ -9,7 +9,10 @@
 # front of the same stub, and idemproxy (build-bench/bin, -O2). wrk drives
 # each with the Lua scripts beside this file; pgbench runs exactly the
 # statements idemproxy sends for a first attempt (and for a replay) against
-# the same database. After every idemproxy run the stub's counts prove that
+# the same database, and the raw two-commit pair (raw_pair.sql) on a table
+# with only its primary key: the store's limit. Every row counts the CPU
+# time PostgreSQL (the postmaster and all its children) and the proxy
+# (idemproxy, or nginx's processes) spent per request, from /proc. After every idemproxy run the stub's counts prove that
 # no key reached the upstream twice and that every forward reached it once;
 # a violation fails the bench (exit 1) after the table is written.
 #
@@ -24,7 +27,7 @@
 #
 # The one-connection latency rows run twice through idemproxy: the proxy
 # everything else uses (busy_poll off, the default) and a second one with
-# busy_poll = BENCH_BUSY_POLL; both count the CPU time they spent.
+# busy_poll = BENCH_BUSY_POLL.
 #
 # Environment: BENCH_DURATION (seconds per run, default 8), BENCH_WORKERS
 # (idemproxy workers, default 16), BENCH_WIDE (the wide concurrency, default
