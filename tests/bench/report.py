@@ -254,8 +254,10 @@ def notes(rows, rss, a):
                "pgbench transactions) it answered. PostgreSQL: the "
                "postmaster's own and its exited children's time (utime, "
                "stime, cutime, cstime) plus its live children's, so every "
-               "backend and background process, and for pgbench rows the "
-               "start and exit of pgbench's backends; proxy: idemproxy's "
+               "backend and background process; for pgbench rows from "
+               "0.2 s after its clients connected, over the transactions "
+               "that ended after that (its backends' exit included); "
+               "proxy: idemproxy's "
                "process (all threads), or nginx's master and workers. "
                "wrk, pgbench and the stub are not counted.")
     raw16, pg16 = find(rows, "raw-c16"), find(rows, "pgbench-c16")

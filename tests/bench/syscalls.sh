@@ -218,10 +218,9 @@ for label, key in rows:
 print("%-34s %12.0f %12.0f" % ("requests per second (perf phase)",
                                n / phases[cols[0]]["seconds"],
                                n / phases[cols[1]]["seconds"]))
-print("%-34s %12.1f %12.1f" % ("idle: per second", ip.get(
-    "raw_syscalls:sys_enter", 0) / ip["seconds"], ip.get(
-    "context-switches", 0) / ip["seconds"]))
-print("%-34s %12s %12s" % ("", "(syscalls)", "(switches)"))
+print("idle proxy, per second: %.1f system calls, %.1f context switches"
+      % (ip.get("raw_syscalls:sys_enter", 0) / ip["seconds"],
+         ip.get("context-switches", 0) / ip["seconds"]))
 print()
 traced = {c: load("c%s-strace" % c) for c in cols}
 names = set()
