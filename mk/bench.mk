@@ -1,10 +1,13 @@
 # The benchmark (tests/bench/, see tests/bench/README.md).
 #
-#   make bench          optimised build, then throughput and latency of
-#                       idemproxy against nginx, the bare upstream and
-#                       pgbench of the same statements; build-bench/results.md
+#   make bench          optimised build, then throughput, latency and CPU
+#                       per request of idemproxy against nginx, the bare
+#                       upstream, pgbench of the same statements and of the
+#                       raw two-commit pair; build-bench/results.md
 #   make bench-profile  instructions per forwarded and per replayed request
 #                       under callgrind; build-bench/profile.txt
+#   make bench-syscalls system calls and context switches per fresh-key
+#                       request (perf stat, strace -c); build-bench/syscalls.txt
 #
 # The binaries are built in their own directory with fixed flags, so a bench
 # never measures whatever build/ happens to hold.
@@ -12,7 +15,7 @@
 BENCH_OUT := build-bench
 BENCH_BIN := $(BENCH_OUT)/bin
 
-.PHONY: bench bench-profile bench-deps bench-build
+.PHONY: bench bench-profile bench-syscalls bench-deps bench-build
 
 bench-deps:
 	@tests/bench/deps.sh
@@ -32,3 +35,7 @@ bench: bench-deps
 bench-profile: bench-deps
 	@$(MAKE) --no-print-directory bench-build
 	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/profile.sh
+
+bench-syscalls: bench-deps
+	@$(MAKE) --no-print-directory bench-build
+	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/syscalls.sh

@@ -104,3 +104,60 @@ migrate() {
 		{ cat "$LOGS/migrate.log" >&2; die "idemproxy --migrate failed"; }
 }
 
+
+# ---- CPU time -----------------------------------------------------------
+
+# cpu_s PID: user + system CPU seconds of PID (all its threads, live and
+# exited) so far.
+cpu_s() {
+	awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' \
+		"/proc/$1/stat"
+}
+
+# tree_cpu_s PID: the CPU seconds of PID and of all its children, live and
+# exited: PID's utime + stime + cutime + cstime (its exited children, once
+# reaped) plus the utime + stime of its live children. For the postmaster
+# that is PostgreSQL's whole cost: every backend and background process.
+# The children are read before the parent, so a child that exits in
+# between is counted twice (never lost) only if it is reaped in that
+# window, and readings after a run wait for the reaping (wait_children).
+tree_cpu_s() {
+	local pid=$1
+	# shellcheck disable=SC2046
+	awk -v hz="$(getconf CLK_TCK)" -v root="$pid" '
+		function ticks(p, self,   f, line, a) {
+			f = "/proc/" p "/stat"
+			if ((getline line < f) <= 0)
+				return 0
+			close(f)
+			sub(/.*\) /, "", line)
+			split(line, a, " ")
+			return a[12] + a[13] + (self ? a[14] + a[15] : 0)
+		}
+		BEGIN {
+			for (i = 1; i < ARGC; i++)
+				t += ticks(ARGV[i], 0)
+			t += ticks(root, 1)
+			print t / hz
+		}' $(ps -o pid= --ppid "$pid")
+}
+
+# children PID: how many live children PID has.
+children() {
+	ps -o pid= --ppid "$1" | wc -l
+}
+
+# wait_children PID N: until PID has at most N children (its exited
+# children reaped, so that their time is in its cutime), at most 5 s.
+wait_children() {
+	for _ in $(seq 50); do
+		[ "$(children "$1")" -le "$2" ] && return 0
+		sleep 0.1
+	done
+	note "$(children "$1") children of $1 still running (wanted $2)"
+}
+
+# The postmaster's pid (after start_pg).
+pg_pid() {
+	head -n 1 "$PG_DIR/data/postmaster.pid"
+}

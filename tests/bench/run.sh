@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `make bench`: throughput and latency of idemproxy next to what bounds it,
-# measured in one run on this machine, so that ratios mean something even
-# when absolute numbers do not.
+# `make bench`: throughput, latency and CPU per request of idemproxy next to
+# what bounds it, measured in one run on this machine, so that ratios mean
+# something even when absolute numbers do not.
 #
 # Starts, each on a free port: a throwaway PostgreSQL with fsync and
 # synchronous_commit on (scripts/pg-local.sh), the C stub upstream
@@ -9,7 +9,10 @@
 # front of the same stub, and idemproxy (build-bench/bin, -O2). wrk drives
 # each with the Lua scripts beside this file; pgbench runs exactly the
 # statements idemproxy sends for a first attempt (and for a replay) against
-# the same database. After every idemproxy run the stub's counts prove that
+# the same database, and the raw two-commit pair (raw_pair.sql) on a table
+# with only its primary key: the store's limit. Every row counts the CPU
+# time PostgreSQL (the postmaster and all its children) and the proxy
+# (idemproxy, or nginx's processes) spent per request, from /proc. After every idemproxy run the stub's counts prove that
 # no key reached the upstream twice and that every forward reached it once;
 # a violation fails the bench (exit 1) after the table is written.
 #
@@ -24,7 +27,7 @@
 #
 # The one-connection latency rows run twice through idemproxy: the proxy
 # everything else uses (busy_poll off, the default) and a second one with
-# busy_poll = BENCH_BUSY_POLL; both count the CPU time they spent.
+# busy_poll = BENCH_BUSY_POLL.
 #
 # Environment: BENCH_DURATION (seconds per run, default 8), BENCH_WORKERS
 # (idemproxy workers, default 16), BENCH_WIDE (the wide concurrency, default
@@ -53,11 +56,13 @@ TAG=b$(date +%s)
 
 TMP=""
 PG_DIR=""
+PG_PID=""
 STUB_PID=""
 PROXY_PID=""
 BUSY_PID=""
 NGINX_PID=""
 WRK_PID=""
+PGB_PID=""
 FAILURES=()
 START_S=$SECONDS
 
@@ -74,6 +79,7 @@ cleanup() {
 	trap - EXIT INT TERM
 	set +e
 	stop_pid "$WRK_PID" INT
+	stop_pid "$PGB_PID" INT
 	stop_pid "$PROXY_PID"
 	stop_pid "$BUSY_PID"
 	stop_pid "$NGINX_PID" QUIT
@@ -118,12 +124,6 @@ busy_run() {
 	PROXY_PID=$BUSY_PID PROXY=$BUSY_PROXY ADMIN=$BUSY_ADMIN
 	proxy_run "$@"
 	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin
-}
-
-# User + system CPU seconds of PID so far.
-cpu_s() {
-	awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); print ($12 + $13) / hz }' \
-		"/proc/$1/stat"
 }
 
 restart_proxy() {
@@ -232,6 +232,48 @@ wrk_run() {
 		echo "$W_REQUESTS $B_duration_us $W_ERRORS" >>"$DATA/$id.sum"
 }
 
+# ---- CPU per request ----------------------------------------------------
+
+# cpu_start PG [KIND PID]: the CPU counters before a slice. PG=1 counts
+# PostgreSQL (the postmaster and all its children); KIND is "proc" (one
+# process and its threads: idemproxy) or "tree" (a process and its
+# children: nginx's master and workers), the proxy of the row.
+cpu_start() {
+	CPU_PG=$1 CPU_KIND=${2:-} CPU_PID=${3:-}
+	CPU_PX0=$(cpu_proxy)
+	CPU_PG0=0
+	[ "$CPU_PG" = 0 ] || CPU_PG0=$(tree_cpu_s "$PG_PID")
+}
+
+cpu_proxy() {
+	case "$CPU_KIND" in
+	proc) cpu_s "$CPU_PID" ;;
+	tree) tree_cpu_s "$CPU_PID" ;;
+	*) echo 0 ;;
+	esac
+}
+
+# cpu_stop ID REQUESTS: appends the slice's "seconds requests" to ID.pgcpu
+# (PostgreSQL) and ID.cpu (the proxy), for what cpu_start counted.
+cpu_stop() {
+	local id=$1 n=$2 px pg=0
+	px=$(cpu_proxy)
+	[ "$CPU_PG" = 0 ] || pg=$(tree_cpu_s "$PG_PID")
+	[ "$RECORD" = 1 ] || return 0
+	[ "$CPU_PG" = 0 ] ||
+		echo "$(awk -v a="$CPU_PG0" -v b="$pg" 'BEGIN { print b - a }') $n" >>"$DATA/$id.pgcpu"
+	[ -z "$CPU_KIND" ] ||
+		echo "$(awk -v a="$CPU_PX0" -v b="$px" 'BEGIN { print b - a }') $n" >>"$DATA/$id.cpu"
+}
+
+# nginx_run ID SCENARIO SCRIPT CONNS THREADS TAG: a slice through nginx,
+# counting the CPU of its master and workers.
+nginx_run() {
+	cpu_start 0 tree "$NGINX_PID"
+	wrk_run "$1" "$2" nginx "$NGINX" "$3" "$4" "$5" "$6"
+	cpu_stop "$1" "$W_REQUESTS"
+}
+
 # What the upstream saw since the last reset (its counts per key in
 # STUB_DUMP, for a failed check to show), then a fresh reset.
 stub_take() {
@@ -257,14 +299,10 @@ proxy_run() {
 	[ -z "$label" ] || scenario="$scenario, $label"
 	stub_take
 	fwd0=$(requests_total forwarded)
-	local cpu0
-	cpu0=$(cpu_s "$PROXY_PID")
+	cpu_start 1 proc "$PROXY_PID"
 	wrk_run "$id" "$scenario" idemproxy "$PROXY" "$kind.lua" "$conns" \
 		"$threads" "$tag"
-	# The proxy's CPU time for this slice: "seconds requests".
-	[ "$RECORD" = 0 ] ||
-		echo "$(awk -v a="$cpu0" -v b="$(cpu_s "$PROXY_PID")" \
-			'BEGIN { print b - a }') $W_REQUESTS" >>"$DATA/$id.cpu"
+	cpu_stop "$id" "$W_REQUESTS"
 	settle
 	fwd=$(($(requests_total forwarded) - fwd0))
 	stub_take
@@ -275,6 +313,7 @@ check_exactly_once() {
 	local id=$1 kind=$2 conns=$3 fwd=$4
 	local what="$id ($kind, $conns conns)" n=${#FAILURES[@]}
 	note "$id: upstream saw $STUB_STATS; idemproxy forwarded $fwd"
+	[ "$RECORD" = 0 ] || echo "$S_DUPS" >>"$DATA/$id.dups"
 	[ "$W_STATUS" = 0 ] || fail "$what: $W_STATUS answers >= 400"
 	[ "$S_DUPS" = 0 ] || fail "$what: $S_DUPS keys reached the upstream more than once (max $S_MAX)"
 	[ "$S_NOKEY" = 0 ] || fail "$what: $S_NOKEY requests reached the upstream without a key"
@@ -323,26 +362,49 @@ replay_run() {
 	proxy_run "$1" replay "$2" "$3" "$key"
 }
 
-# Records in the store, and those not completed, as "ALL NOT_COMPLETED".
-store_counts() {
-	psql -X -qAt -F ' ' -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
-		"SELECT count(*), count(*) FILTER (WHERE state <> 'completed')
-		   FROM idempotency_records"
+psql_q() {
+	psql -X -qAt -F ' ' -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c "$1"
 }
 
-# pgbench_run ID CONNS RUN: the claim and record statements of a first
-# attempt, one slice; RUN keeps the keys of one slice apart from another's.
-pgbench_run() {
-	local id=$1 conns=$2 run=$3 before after
-	before=$(store_counts)
-	pgbench_exec "$id" "$conns" claim_record.sql -D run="$run" -D n=0
-	after=$(store_counts)
-	# Each transaction claimed a new key and recorded its response.
+# Records in the store, and those not completed, as "ALL NOT_COMPLETED".
+store_counts() {
+	psql_q "SELECT count(*), count(*) FILTER (WHERE state <> 'completed')
+		  FROM idempotency_records"
+}
+
+# The same for the raw pair's table.
+raw_counts() {
+	psql_q "SELECT count(*), count(*) FILTER (WHERE status IS NULL)
+		  FROM bench_raw_pair"
+}
+
+# pgbench_pair ID CONNS SCRIPT COUNTS SCENARIO: one slice of a script
+# whose every transaction writes a new row and completes it (COUNTS names
+# the function counting them), and the check that each did. Each slice
+# gets its own -D run, which keeps its keys apart from every other's.
+PG_RUN=0
+pgbench_pair() {
+	local id=$1 conns=$2 script=$3 counts=$4 scenario=$5 before after
+	PG_RUN=$((PG_RUN + 1))
+	before=$($counts)
+	pgbench_exec "$id" "$conns" "$script" -D run="$PG_RUN" -D n=0
+	after=$($counts)
 	local new=$((${after% *} - ${before% *})) open=$((${after#* } - ${before#* }))
-	note "$id: $P_N transactions, $new new records, $open left open"
+	note "$id: $P_N transactions, $new new rows, $open left open"
 	[ "$new" -ge "$P_N" ] && [ "$open" = 0 ] ||
-		fail "$id: $P_N transactions made $new records, $open of them not completed"
-	register "$id" "claim+record (pgbench)" pgbench "$conns"
+		fail "$id: $P_N transactions made $new rows, $open of them not completed"
+	register "$id" "$scenario" pgbench "$conns"
+}
+
+# pgbench_run ID CONNS: the claim and record statements of a first attempt.
+pgbench_run() {
+	pgbench_pair "$1" "$2" claim_record.sql store_counts "claim+record (pgbench)"
+}
+
+# raw_run ID CONNS: the raw two-commit pair on a table with only its
+# primary key (raw_pair.sql): the store's limit, whatever its schema.
+raw_run() {
+	pgbench_pair "$1" "$2" raw_pair.sql raw_counts "raw two-commit pair (pgbench)"
 }
 
 # pgbench_replay_run ID CONNS: the claim of a replay of a key that
@@ -359,22 +421,52 @@ pgbench_replay_run() {
 	register "$1" "replay claim (pgbench)" pgbench "$2"
 }
 
-# pgbench_exec ID CONNS SCRIPT [ARGS...]: one slice; sets P_N.
+# PostgreSQL's client backends (the proxies' and pgbench's), live.
+client_backends() {
+	pgrep -c -P "$PG_PID" -f '^postgres: postgres ' || true
+}
+
+# pgbench_exec ID CONNS SCRIPT [ARGS...]: one slice, with PostgreSQL's CPU
+# per transaction; sets P_N.
 pgbench_exec() {
 	local id=$1 conns=$2 script=$3 log=$LOGS/$1.txt threads failed tps
 	shift 3
 	threads=$((conns < 2 ? conns : 2))
 	note "$id: $script, pgbench, $conns client(s), ${DUR}s"
 	rm -f "$TMP"/pgb.*
-	(cd "$TMP" && pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n -M prepared \
-		-c "$conns" -j "$threads" -T "$DUR" "$@" \
+	local backends t0 i
+	backends=$(client_backends)
+	(cd "$TMP" && exec pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n \
+		-M prepared -c "$conns" -j "$threads" -T "$DUR" "$@" \
 		-f "$ROOT/$HERE/$script" -l --log-prefix=pgb idemproxy) \
-		>>"$log" 2>&1 || die "pgbench failed (see $log)"
+		>>"$log" 2>&1 &
+	PGB_PID=$!
+	# PostgreSQL's CPU is counted from 0.2 s after pgbench's clients have
+	# connected, over the transactions that ended after that: forking the
+	# backends and their first statements (planning, compiling PL/pgSQL)
+	# are not a claim's cost; the proxy's backends live for its lifetime.
+	for i in $(seq 100); do
+		[ "$(client_backends)" -ge $((backends + conns)) ] && break
+		sleep 0.05
+	done
+	[ "$i" -lt 100 ] || note "$id: pgbench's clients did not all connect within 5 s"
+	sleep 0.2
+	t0=$(date +%s%6N)
+	cpu_start 1
+	wait "$PGB_PID" || die "pgbench failed (see $log)"
+	PGB_PID=""
+	# pgbench's backends finish exiting after it: count their exit too.
+	for _ in $(seq 50); do
+		[ "$(client_backends)" -le "$backends" ] && break
+		sleep 0.1
+	done
+	cpu_stop "$id" "$(cat "$TMP"/pgb.* | awk -v t0="$t0" '$5 * 1000000 + $6 >= t0 { n++ } END { print n + 0 }')"
 	P_N=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$log" | tail -n 1)
 	failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$log" | tail -n 1)
 	tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log" | tail -n 1)
 	[ -n "$P_N" ] && [ -n "$tps" ] || die "cannot read pgbench's result (see $log)"
 	[ "${failed:-0}" = 0 ] || fail "$id: pgbench had $failed failed transactions"
+	[ "$RECORD" = 1 ] || return 0
 	# The time the transactions took, without pgbench's connection set-up
 	# (forking 16 backends is not the store's throughput).
 	echo "$P_N $(awk -v n="$P_N" -v t="$tps" 'BEGIN { printf "%.0f", n / t * 1e6 }') ${failed:-0}" \
@@ -417,6 +509,7 @@ rss_run() {
 	pass=$(($(requests_total passthrough) - pass0))
 	stub_take
 	note "rss: upstream saw $STUB_STATS; idemproxy forwarded $fwd, passed $pass through"
+	echo "$S_DUPS" >>"$DATA/rss.dups"
 	[ "$S_DUPS" = 0 ] || fail "rss: $S_DUPS keys reached the upstream more than once (max $S_MAX)"
 	[ "$S_KEYS" = "$fwd" ] || fail "rss: idemproxy counted $fwd forwards, the upstream saw $S_KEYS keys"
 	[ "$S_NOKEY" = "$pass" ] || fail "rss: idemproxy passed $pass requests through, the upstream saw $S_NOKEY without a key"
@@ -432,29 +525,39 @@ warm_up() {
 	RECORD=0
 	proxy_run warmup fresh 16 2
 	busy_run warmup-busy fresh 1 1
-	wrk_run warmup-nginx "warm-up" nginx "$NGINX" fresh.lua 16 2 "$TAG-wn"
+	nginx_run warmup-nginx "warm-up" fresh.lua 16 2 "$TAG-wn"
+	raw_run warmup-raw 16
 	RECORD=1
 	DUR=$dur
 	stub_take
 }
 
-# The pairs (and triples) whose ratios are targets, in interleaved halves.
+# The rows whose ratios are targets, in interleaved halves: at one
+# connection (latency), at 16 and WIDE (throughput and CPU per request:
+# the raw pair, the project's own statements and idemproxy side by side),
+# and replays.
 target_runs() {
 	local dur=$DUR s
 	DUR=$(((dur + 1) / 2))
 	for s in 1 2; do
 		wrk_run direct-c1 "fresh keys, no proxy" "stub (direct)" "$STUB" fresh.lua 1 1 "$TAG-d1-$s"
-		pgbench_run pgbench-c1 1 "1$s"
+		raw_run raw-c1 1
+		pgbench_run pgbench-c1 1
 		proxy_run fresh-c1 fresh 1 1
 		busy_run fresh-c1-busy fresh 1 1 "" "busy_poll $BUSY"
 	done
 	for s in 1 2; do
-		pgbench_run pgbench-c16 16 "2$s"
+		raw_run raw-c16 16
+		pgbench_run pgbench-c16 16
 		proxy_run fresh-c16 fresh 16 2
+		[ -n "$WIDE" ] || continue
+		raw_run "raw-c$WIDE" "$WIDE"
+		pgbench_run "pgbench-c$WIDE" "$WIDE"
+		proxy_run "fresh-c$WIDE" fresh "$WIDE" 2
 	done
 	stub_take
 	for s in 1 2; do
-		wrk_run nginx-replay-c16 "replays of one key" nginx "$NGINX" replay.lua 16 2 "$TAG-nr16"
+		nginx_run nginx-replay-c16 "replays of one key" replay.lua 16 2 "$TAG-nr16"
 		replay_run replay-c16 16 2
 		# The store's own limit for replays.
 		pgbench_replay_run pgbench-replay-c16 16
@@ -463,16 +566,13 @@ target_runs() {
 }
 
 other_runs() {
-	wrk_run nginx-fresh-c1 "fresh keys" nginx "$NGINX" fresh.lua 1 1 "$TAG-n1"
-	wrk_run nginx-fresh-c16 "fresh keys" nginx "$NGINX" fresh.lua 16 2 "$TAG-n16"
+	nginx_run nginx-fresh-c1 "fresh keys" fresh.lua 1 1 "$TAG-n1"
+	nginx_run nginx-fresh-c16 "fresh keys" fresh.lua 16 2 "$TAG-n16"
 	replay_run replay-c1 1 1
 	# One connection per wrk thread, so a burst is in a row per connection.
 	proxy_run burst-c1 burst 1 1
 	proxy_run burst-c16 burst 16 16
-	if [ -n "$WIDE" ]; then
-		proxy_run "fresh-c$WIDE" fresh "$WIDE" 2
-		replay_run "replay-c$WIDE" "$WIDE" 2
-	fi
+	[ -z "$WIDE" ] || replay_run "replay-c$WIDE" "$WIDE" 2
 	stub_take
 }
 
@@ -500,7 +600,11 @@ main() {
 	start_nginx
 	PROXY_PORT=$(free_port)
 	ADMIN_PORT=$(free_port)
+	PG_PID=$(pg_pid)
 	migrate
+	psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres \
+		-d idemproxy -f "$HERE/raw_pair_table.sql" >"$LOGS/raw_pair_table.log" 2>&1 ||
+		{ cat "$LOGS/raw_pair_table.log" >&2; die "creating the raw pair's table failed"; }
 	start_proxy warn
 	start_busy_proxy
 	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers; with busy_poll $BUSY: $BUSY_PROXY"
@@ -518,7 +622,7 @@ main() {
 	local elapsed=$((SECONDS - START_S))
 	"$PYTHON" "$HERE/report.py" --data "$DATA" --out "$OUT/results.md" \
 		--workers "$WORKERS" --duration "$DUR" --elapsed "$elapsed" \
-		--busy "$BUSY" --cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
+		--busy "$BUSY" --wide "$WIDE" --cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
 		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")"
 	if [ "${#FAILURES[@]}" -gt 0 ]; then
 		echo >&2
