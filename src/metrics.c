@@ -223,7 +223,8 @@ static void render_scalar(ip_buf *out, const char *name, const char *type,
  * since a counter that first appears at 1 shows no increase. */
 static const char *const known_events[] = {
 	"record_failed", "record_fenced", "forwarded_unprotected",
-	"replay_cache_hit", "overloaded", "record_deferred", "record_retried"};
+	"replay_cache_hit", "overloaded", "record_deferred", "record_retried",
+	"record_unreadable"};
 
 void metrics_render(ip_buf *out)
 {
