@@ -255,6 +255,9 @@ static json_t *record_json(const admin_record *r)
 			    headers_json(r->response_headers,
 					 r->response_headers_len));
 	json_object_set_new(o, "response_body", jstr(r->response_body_b64));
+	json_object_set_new(o, "replayable",
+			    r->replayable < 0 ? json_null()
+					      : json_boolean(r->replayable));
 	/* The admin API does not open sealed records: whoever holds the admin
 	 * token sees what a reader of the table sees, and no more. */
 	char kid[SEAL_ID_MAX + 1];
@@ -262,9 +265,6 @@ static json_t *record_json(const admin_record *r)
 				       r->response_headers_len, kid) == 0;
 	json_object_set_new(o, "sealed_with", sealed ? json_string(kid)
 						      : json_null());
-	json_object_set_new(o, "replayable",
-			    r->replayable < 0 ? json_null()
-					      : json_boolean(r->replayable));
 	return o;
 }
 
