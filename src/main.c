@@ -343,9 +343,10 @@ int main(int argc, char **argv)
 		printf("%s: OK\n", file);
 		config_print_routes(cfg, stdout);
 		if (cfg->seal)
-			printf("store_encryption: %zu keys in %s, active "
+			printf("store_encryption: %zu key%s in %s, active "
 			       "\"%s\"\n",
 			       seal_keyring_count(cfg->seal),
+			       seal_keyring_count(cfg->seal) == 1 ? "" : "s",
 			       cfg->seal_keys_file,
 			       seal_keyring_active(cfg->seal));
 		config_unref(cfg);
