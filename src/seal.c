@@ -273,7 +273,8 @@ seal_keyring *seal_keyring_parse(const char *text, size_t len,
 
 seal_keyring *seal_keyring_load(const char *file, char *err, size_t errlen)
 {
-	int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	/* O_NONBLOCK: a FIFO named here must not hang a reload. */
+	int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd < 0)
 		return kr_fail(NULL, file, 0, err, errlen, "cannot read: %s",
 			       strerror(errno));
