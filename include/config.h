@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "pathtpl.h"
+#include "seal.h"
 #include "util.h"
 
 enum tenant_kind { TENANT_STATIC, TENANT_HEADER, TENANT_AUTHORIZATION };
@@ -42,6 +43,7 @@ typedef struct route_cfg {
 	bool on_unknown_hold;  /* false = release_after_lease */
 	str_list replay_headers;
 	str_list fingerprint_headers;
+	bool status_only;  /* store_body = "status_only": no body stored */
 } route_cfg;
 
 typedef struct config {
@@ -71,6 +73,9 @@ typedef struct config {
 
 	int64_t reaper_interval_ms;
 	int reaper_batch;
+
+	char *seal_keys_file; /* store_encryption.keys; "" = off */
+	seal_keyring *seal;   /* loaded with the conf; NULL = off */
 
 	route_cfg *routes;
 	size_t n_routes;

@@ -15,7 +15,8 @@
 
 typedef struct record_retry record_retry;
 
-/* One pending write; everything is copied. */
+/* One pending write, in its stored form (sealed when encryption is on, so
+ * plaintext does not wait here); everything is copied. */
 typedef struct record_retry_item {
 	const char *request_id;
 	const record_key *key;
@@ -26,6 +27,8 @@ typedef struct record_retry_item {
 	const char *body;
 	size_t body_len;
 	bool replayable;
+	const char *seal_key;  /* headers and body are sealed under it; NULL:
+				  in the clear */
 	double lease_end_ms;   /* ip_now_ms() clock: give up after this */
 } record_retry_item;
 

@@ -93,14 +93,15 @@ typedef struct record_key {
 } record_key;
 
 /* Records a response (headers: raw "Name: value\r\n" bytes, stored as
- * bytea). *fenced is set when the attempt no longer owns the key (its lease
+ * bytea; or headers and body sealed under the key seal_key names, NULL
+ * when they are in the clear). *fenced is set when the attempt no longer owns the key (its lease
  * was taken over): nothing was written. When the connection in hand turns
  * out to be broken, the write is sent once more at once on a fresh one
  * (fenced by the owner token, so that is safe). */
 int store_complete(store *s, const record_key *k, int status,
 		   const char *headers, size_t headers_len, const char *body,
-		   size_t body_len, bool replayable, bool *fenced, char *err,
-		   size_t errlen) IP_WUR;
+		   size_t body_len, bool replayable, const char *seal_key,
+		   bool *fenced, char *err, size_t errlen) IP_WUR;
 /* Frees the key for a retry (state released). */
 int store_release(store *s, const record_key *k, bool *fenced, char *err,
 		  size_t errlen) IP_WUR;

@@ -11,7 +11,7 @@
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS ?= idkey json pathtpl units config
+FUZZ_TARGETS ?= idkey json pathtpl units config keys
 
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -std=gnu11 \
@@ -27,7 +27,8 @@ FUZZ_DEPS_idkey   := $(call fuzz_objs,idkey)
 FUZZ_DEPS_json    := $(call fuzz_objs,fingerprint)
 FUZZ_DEPS_pathtpl := $(call fuzz_objs,pathtpl)
 FUZZ_DEPS_units   := $(call fuzz_objs,units)
-FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units)
+FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units seal)
+FUZZ_DEPS_keys    := $(call fuzz_objs,seal)
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_OBJS := $(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_DEPS_$(t))))

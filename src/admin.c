@@ -20,6 +20,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
+#include "seal.h"
 #include "store_admin.h"
 #include "store_pg.h"
 
@@ -200,8 +201,21 @@ static json_t *jbytes(const char *s)
 	return j ? j : json_null();
 }
 
+/* Sealed headers are shown as they are stored (see sealed_with). */
+static json_t *sealed_json(const char *blob, size_t len)
+{
+	char *b64 = xmalloc(4 * ((len + 2) / 3) + 1);
+	EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)blob,
+			(int)len);
+	json_t *j = json_pack("{s:s}", "sealed", b64);
+	free(b64);
+	return j ? j : json_null();
+}
+
 static json_t *headers_json(const char *lines, size_t len)
 {
+	if (seal_is_sealed(lines, len))
+		return sealed_json(lines, len);
 	json_t *arr = json_array();
 	if (!lines)
 		return arr;
@@ -244,6 +258,13 @@ static json_t *record_json(const admin_record *r)
 	json_object_set_new(o, "replayable",
 			    r->replayable < 0 ? json_null()
 					      : json_boolean(r->replayable));
+	/* The admin API does not open sealed records: whoever holds the admin
+	 * token sees what a reader of the table sees, and no more. */
+	char kid[SEAL_ID_MAX + 1];
+	bool sealed = seal_blob_key_id(r->response_headers,
+				       r->response_headers_len, kid) == 0;
+	json_object_set_new(o, "sealed_with", sealed ? json_string(kid)
+						      : json_null());
 	return o;
 }
 

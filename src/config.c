@@ -736,6 +736,8 @@ static const cfg_choice cfg_key_modes[] = {
 	{"required", 1}, {"optional", 0}, {NULL, 0}};
 static const cfg_choice cfg_on_unknown[] = {
 	{"release_after_lease", 0}, {"hold", 1}, {NULL, 0}};
+static const cfg_choice cfg_store_body[] = {
+	{"full", 0}, {"status_only", 1}, {NULL, 0}};
 static const cfg_choice cfg_mismatch[] = {
 	{"409", 409}, {"422", 422}, {NULL, 0}};
 
@@ -855,6 +857,8 @@ static const cfg_opt cfg_route[] = {
 	 .off = R_(replay_headers), .reload = CFG_APPLY},
 	{.name = "fingerprint_headers", .conv = cfg_conv_headers, .def = "[]",
 	 .off = R_(fingerprint_headers), .reload = CFG_APPLY},
+	{.name = "store_body", .conv = cfg_conv_flag, .def = "\"full\"",
+	 .off = R_(status_only), .choices = cfg_store_body, .reload = CFG_APPLY},
 };
 
 /* Only in a route, and required there (no default). */
@@ -867,13 +871,20 @@ static const cfg_opt cfg_route_only[] = {
 	 .reload = CFG_APPLY},
 };
 
+/* The key file is read (and its keys checked) with the conf, so a reload
+ * with a bad key file keeps the old keys along with the old conf. */
+static const cfg_opt cfg_seal[] = {
+	{.name = "keys", .conv = cfg_conv_string, .def = "\"\"",
+	 .off = C_(seal_keys_file), .reload = CFG_APPLY},
+};
+
 /* Top-level groups, handled by code rather than converters. */
 static const char *const cfg_sections[] = {"database", "reaper", "defaults",
-					   "routes"};
+					   "routes", "store_encryption"};
 
 /* The tables with defaults; a scope's name is also its group in the file
  * (but for top and route) and in the built-in defaults. */
-enum cfg_scope_id { CFG_TOP, CFG_DATABASE, CFG_REAPER, CFG_ROUTE };
+enum cfg_scope_id { CFG_TOP, CFG_DATABASE, CFG_REAPER, CFG_ROUTE, CFG_SEAL };
 static const struct cfg_scope {
 	const char *name;
 	const cfg_opt *opts;
@@ -883,6 +894,7 @@ static const struct cfg_scope {
 	[CFG_DATABASE] = {"database", cfg_database, CFG_N(cfg_database)},
 	[CFG_REAPER] = {"reaper", cfg_reaper, CFG_N(cfg_reaper)},
 	[CFG_ROUTE] = {"route", cfg_route, CFG_N(cfg_route)},
+	[CFG_SEAL] = {"store_encryption", cfg_seal, CFG_N(cfg_seal)},
 };
 
 /* ---- reload rules ---------------------------------------------------- */
@@ -898,6 +910,7 @@ static const struct {
 	{"reaper", cfg_reaper, CFG_N(cfg_reaper), false},
 	{"route", cfg_route, CFG_N(cfg_route), true},
 	{"route-only", cfg_route_only, CFG_N(cfg_route_only), true},
+	{"store_encryption", cfg_seal, CFG_N(cfg_seal), false},
 };
 
 void config_each_setting(void (*fn)(void *arg, const char *scope,
@@ -1234,6 +1247,8 @@ static void cfg_free(config *c)
 	free(c->admin_listen);
 	free(c->admin_token);
 	free(c->db_url);
+	free(c->seal_keys_file);
+	seal_keyring_free(c->seal);
 	for (size_t i = 0; i < c->n_routes; i++)
 		cfg_route_free(&c->routes[i]);
 	free(c->routes);
@@ -1264,6 +1279,21 @@ static int cfg_env_overrides(cfg_ctx *x, config *c)
 	return 0;
 }
 
+/* store_encryption.keys names the key file; its errors carry its own
+ * FILE:LINE. */
+static int cfg_load_keys(cfg_ctx *x, config *c, const config_setting_t *root)
+{
+	if (!*c->seal_keys_file)
+		return 0;
+	char why[512];
+	c->seal = seal_keyring_load(c->seal_keys_file, why, sizeof why);
+	if (c->seal)
+		return 0;
+	const config_setting_t *g = cfg_member(root, "store_encryption");
+	return cfg_fail(x, cfg_member(g, "keys"), "store_encryption.keys: %s",
+			why);
+}
+
 static int cfg_load_all(cfg_ctx *x, config *c, const config_setting_t *root)
 {
 	const config_setting_t *defaults = cfg_member(root, "defaults");
@@ -1272,6 +1302,8 @@ static int cfg_load_all(cfg_ctx *x, config *c, const config_setting_t *root)
 		    0 ||
 	    cfg_load_section(x, root, &cfg_scopes[CFG_DATABASE], c) < 0 ||
 	    cfg_load_section(x, root, &cfg_scopes[CFG_REAPER], c) < 0 ||
+	    cfg_load_section(x, root, &cfg_scopes[CFG_SEAL], c) < 0 ||
+	    cfg_load_keys(x, c, root) < 0 ||
 	    cfg_check_defaults(x, defaults) < 0 ||
 	    cfg_load_routes(x, c, root, defaults) < 0 ||
 	    cfg_env_overrides(x, c) < 0)

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "proxy.h"
 #include "reaper.h"
+#include "reencrypt.h"
 #include "record_retry.h"
 #include "replay_cache.h"
 #include "store_pg.h"
@@ -64,12 +65,17 @@ static void forget_cached(void *arg, const char *tenant,
 
 static void usage(FILE *out)
 {
-	fputs("usage: idemproxy -c FILE [--check | --migrate]\n"
+	fputs("usage: idemproxy -c FILE [--check | --migrate | --reencrypt "
+	      "[--batch N]]\n"
 	      "       idemproxy --version | --help\n"
 	      "\n"
 	      "  -c, --config FILE  the conf file (libconfig syntax)\n"
 	      "      --check        validate FILE, print its routes, exit\n"
 	      "      --migrate      apply missing database migrations, exit\n"
+	      "      --reencrypt    re-seal stored records under the active "
+	      "key, exit\n"
+	      "      --batch N      records per --reencrypt transaction "
+	      "(500)\n"
 	      "  -V, --version      print the version\n"
 	      "  -h, --help         this text\n"
 	      "\n"
@@ -98,6 +104,17 @@ static int cmd_migrate(config *cfg)
 	printf("migrations applied: %d (schema version %d)\n", applied,
 	       store_expected_version());
 	return 0;
+}
+
+/* Exit 0: every completed record is under the active key; 1: some are
+ * left (named in the output), or the run failed. */
+static int cmd_reencrypt(config *cfg, int batch)
+{
+	char err[512];
+	int rc = reencrypt_run(cfg, batch, stdout, stderr, err, sizeof err);
+	if (rc < 0)
+		fprintf(stderr, "idemproxy: reencrypt failed: %s\n", err);
+	return rc == 0 ? 0 : 1;
 }
 
 static int check_schema(config *cfg)
@@ -153,8 +170,9 @@ static void reload(const char *file)
 		log_warn("reload: settings that differ from the running ones "
 			 "take effect only after a restart",
 			 "settings=%s", names);
-	log_info("configuration reloaded", "file=%s routes=%zu", file,
-		 n->n_routes);
+	log_info("configuration reloaded", "file=%s routes=%zu sealing_key=%s",
+		 file, n->n_routes,
+		 n->seal ? seal_keyring_active(n->seal) : "off");
 	config_unref(old);
 }
 
@@ -230,9 +248,11 @@ static int serve(config *cfg)
 	reaper *rp = reaper_start(cfg->db_url, cfg->statement_timeout_ms,
 				  cfg->reaper_interval_ms, cfg->reaper_batch);
 	running.reaper = rp;
-	log_info("idemproxy started", "listen=%s admin=%s workers=%d routes=%zu",
+	log_info("idemproxy started",
+		 "listen=%s admin=%s workers=%d routes=%zu sealing_key=%s",
 		 cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
-		 cfg->workers, cfg->n_routes);
+		 cfg->workers, cfg->n_routes,
+		 cfg->seal ? seal_keyring_active(cfg->seal) : "off");
 
 	/* The first reload frees cfg: keep the path. */
 	char *file = xstrdup(cfg->file);
@@ -300,12 +320,16 @@ int main(int argc, char **argv)
 		{"config", required_argument, NULL, 'c'},
 		{"check", no_argument, NULL, 'k'},
 		{"migrate", no_argument, NULL, 'm'},
+		{"reencrypt", no_argument, NULL, 'r'},
+		{"batch", required_argument, NULL, 'b'},
 		{"version", no_argument, NULL, 'V'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *file = NULL;
-	bool check = false, migrate = false;
+	bool check = false, migrate = false, reenc = false;
+	int batch = REENCRYPT_BATCH_DEFAULT;
+	char *end;
 	int c;
 	while ((c = getopt_long(argc, argv, "c:Vh", opts, NULL)) != -1) {
 		switch (c) {
@@ -318,6 +342,16 @@ int main(int argc, char **argv)
 		case 'm':
 			migrate = true;
 			break;
+		case 'r':
+			reenc = true;
+			break;
+		case 'b':
+			batch = (int)strtol(optarg, &end, 10);
+			if (*end || batch < 1 || batch > 100000) {
+				fprintf(stderr, "idemproxy: --batch: 1..100000\n");
+				return 1;
+			}
+			break;
 		case 'V':
 			printf("idemproxy %s\n", IDEMPROXY_VERSION);
 			return 0;
@@ -329,7 +363,7 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	if (!file || optind < argc || (check && migrate)) {
+	if (!file || optind < argc || check + migrate + reenc > 1) {
 		usage(stderr);
 		return 1;
 	}
@@ -342,11 +376,18 @@ int main(int argc, char **argv)
 	if (check) {
 		printf("%s: OK\n", file);
 		config_print_routes(cfg, stdout);
+		if (cfg->seal)
+			printf("store_encryption: %zu key%s in %s, active "
+			       "\"%s\"\n",
+			       seal_keyring_count(cfg->seal),
+			       seal_keyring_count(cfg->seal) == 1 ? "" : "s",
+			       cfg->seal_keys_file,
+			       seal_keyring_active(cfg->seal));
 		config_unref(cfg);
 		return 0;
 	}
-	if (migrate) {
-		int rc = cmd_migrate(cfg);
+	if (migrate || reenc) {
+		int rc = migrate ? cmd_migrate(cfg) : cmd_reencrypt(cfg, batch);
 		config_unref(cfg);
 		return rc;
 	}

@@ -12,6 +12,7 @@
 #include "problem.h"
 #include "record_retry.h"
 #include "replay_cache.h"
+#include "seal.h"
 #include "store_pg.h"
 #include "upstream.h"
 
@@ -30,6 +31,8 @@ typedef struct proxy_worker {
 	store *st;
 	upstream *up;
 	ip_buf scratch;
+	ip_buf sealed_h, sealed_b; /* a response as stored, when sealed */
+	ip_buf plain_h, plain_b;   /* a sealed record, opened */
 } proxy_worker;
 
 void *proxy_worker_init(void *arg, int index)
@@ -55,6 +58,10 @@ void proxy_worker_fini(void *ctx)
 	store_free(w->st);
 	upstream_free(w->up);
 	ip_buf_free(&w->scratch);
+	ip_buf_free(&w->sealed_h);
+	ip_buf_free(&w->sealed_b);
+	ip_buf_free(&w->plain_h);
+	ip_buf_free(&w->plain_b);
 	free(w);
 }
 
@@ -366,6 +373,46 @@ static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
 			 cache_deadline(j, w->cache_expires_ms), w->cache_gen);
 }
 
+/* What a sealed record is bound to; has_body as when it was sealed. */
+static seal_scope scope_of(const job *j, const idem_plan *p, int status,
+			   bool has_body)
+{
+	seal_scope sc = {p->tenant, p->route->name, p->key, j->fp, status,
+			 has_body};
+	return sc;
+}
+
+/* Opens a sealed record into plain_h and plain_b. A sealed body is never
+ * empty, so an empty one means none was stored. */
+static int open_record(proxy_worker *w, const job *j, const idem_plan *p,
+		       const claim_result *c, char *err, size_t errlen)
+{
+	seal_scope sc = scope_of(j, p, c->status, c->body_len > 0);
+	ip_buf_reset(&w->plain_b);
+	if (seal_open(j->cfg->seal, &sc, SEAL_HEADERS, c->headers,
+		      c->headers_len, &w->plain_h, err, errlen) < 0)
+		return -1;
+	if (c->body_len == 0)
+		return 0;
+	return seal_open(j->cfg->seal, &sc, SEAL_BODY, c->body, c->body_len,
+			 &w->plain_b, err, errlen);
+}
+
+/* A record that does not open is never replayed, and nothing is forwarded
+ * in its place: the key's one upstream effect has happened already. */
+static void respond_unreadable(job *j, const idem_plan *p, const char *why)
+{
+	j->outcome = "record_unreadable";
+	metrics_event("record_unreadable");
+	log_error("stored record cannot be read; not replayed",
+		  "request_id=%s route=%s key=%s %s", j->request_id,
+		  p->route->name, p->key, why);
+	proxy_problem(j, 500, "idempotency_record_unreadable",
+		      "the response stored for this key cannot be read; it is "
+		      "not replayed and the request was not forwarded again",
+		      0);
+}
+
 static void replay(proxy_worker *w, job *j, const idem_plan *p,
 		   const claim_result *c)
 {
@@ -377,29 +424,75 @@ static void replay(proxy_worker *w, job *j, const idem_plan *p,
 			      0);
 		return;
 	}
-	respond_replay(j, c->status, c->headers, c->headers_len, c->body,
-		       c->body_len);
-	cache_put(w, j, p, c->status, c->headers, c->headers_len, c->body,
-		  c->body_len);
+	const char *h = c->headers, *b = c->body;
+	size_t hl = c->headers_len, bl = c->body_len;
+	if (seal_is_sealed(h, hl)) {
+		char err[256];
+		if (open_record(w, j, p, c, err, sizeof err) < 0) {
+			respond_unreadable(j, p, err);
+			return;
+		}
+		h = w->plain_h.data;
+		hl = w->plain_h.len;
+		b = w->plain_b.data ? w->plain_b.data : "";
+		bl = w->plain_b.len;
+	}
+	respond_replay(j, c->status, h, hl, b, bl);
+	cache_put(w, j, p, c->status, h, hl, b, bl);
+}
+
+/* A response as it goes to the store: sealed under the active key when
+ * store_encryption is on. body is NULL when none is stored. */
+typedef struct stored_form {
+	const char *headers;
+	size_t headers_len;
+	const char *body;
+	size_t body_len;
+	const char *seal_key;
+} stored_form;
+
+static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
+			int status, const ip_buf *plain_h, const char *body,
+			size_t body_len, stored_form *out)
+{
+	const seal_keyring *k = j->cfg->seal;
+	*out = (stored_form){plain_h->data ? plain_h->data : "",
+			     plain_h->len, body, body_len, NULL};
+	if (!k)
+		return;
+	seal_scope sc = scope_of(j, p, status, body != NULL);
+	seal_seal(k, &sc, SEAL_HEADERS, out->headers, out->headers_len,
+		  &w->sealed_h);
+	out->headers = w->sealed_h.data;
+	out->headers_len = w->sealed_h.len;
+	if (body) {
+		seal_seal(k, &sc, SEAL_BODY, body, body_len, &w->sealed_b);
+		out->body = w->sealed_b.data;
+		out->body_len = w->sealed_b.len;
+	}
+	out->seal_key = seal_keyring_active(k);
 }
 
 /* A write the worker could not make (the store failed, even after one
  * reconnect) goes to the background retrier, which keeps trying until the
  * attempt's lease ends; the client is answered now. */
 static void defer_record(proxy_worker *w, const job *j, const record_key *k,
-			 enum idem_record what, const upstream_resp *resp,
-			 bool replayable, double lease_end_ms, const char *err)
+			 enum idem_record what, int status,
+			 const stored_form *sf, bool replayable,
+			 double lease_end_ms, const char *err)
 {
+	bool complete = what == REC_COMPLETE;
 	record_retry_item it = {
 		.request_id = j->request_id,
 		.key = k,
-		.complete = what == REC_COMPLETE,
-		.status = what == REC_COMPLETE ? resp->status : 0,
-		.headers = w->scratch.data,
-		.headers_len = what == REC_COMPLETE ? w->scratch.len : 0,
-		.body = resp->body.data,
-		.body_len = resp->body.len,
+		.complete = complete,
+		.status = complete ? status : 0,
+		.headers = complete ? sf->headers : NULL,
+		.headers_len = complete ? sf->headers_len : 0,
+		.body = complete ? sf->body : NULL,
+		.body_len = complete ? sf->body_len : 0,
 		.replayable = replayable,
+		.seal_key = complete ? sf->seal_key : NULL,
 		.lease_end_ms = lease_end_ms,
 	};
 	metrics_event("record_deferred");
@@ -429,24 +522,34 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	int rc;
 	ip_buf *h = &w->scratch;
 	ip_buf_reset(h);
+	stored_form sf = {0};
+	/* status_only keeps no body, so any size replays. */
+	bool keep_body = !r->status_only;
 	if (what == REC_RELEASE) {
 		rc = store_release(w->st, k, &fenced, err, sizeof err);
 	} else {
-		replayable = !resp->too_large &&
-			     (int64_t)resp->body.len <=
-				     j->cfg->max_stored_response;
+		replayable = r->status_only ||
+			     (!resp->too_large &&
+			      (int64_t)resp->body.len <=
+				      j->cfg->max_stored_response);
+		keep_body = keep_body && replayable;
 		idem_encode_replay_headers(r, &resp->headers, h);
-		rc = store_complete(w->st, k, resp->status, h->data ? h->data : "",
-				    h->len, replayable ? resp->body.data : NULL,
-				    replayable ? resp->body.len : 0, replayable,
-				    &fenced, err, sizeof err);
+		make_stored(w, j, p, resp->status, h,
+			    keep_body ? (resp->body.data ? resp->body.data : "")
+				      : NULL,
+			    keep_body ? resp->body.len : 0, &sf);
+		rc = store_complete(w->st, k, resp->status, sf.headers,
+				    sf.headers_len, sf.body, sf.body_len,
+				    replayable, sf.seal_key, &fenced, err,
+				    sizeof err);
 	}
 	double ms = ip_now_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	metrics_set_store_up(rc == 0 || !store_outage(w->st));
 	if (rc && w->retry && ip_now_ms() < lease_end_ms) {
-		defer_record(w, j, k, what, resp, replayable, lease_end_ms, err);
+		defer_record(w, j, k, what, resp->status, &sf, replayable,
+			     lease_end_ms, err);
 	} else if (rc) {
 		metrics_event("record_failed");
 		log_error("could not record the outcome; the record stays "
@@ -461,7 +564,8 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 			 r->name, j->key);
 	} else if (what == REC_COMPLETE && replayable) {
 		cache_put(w, j, p, resp->status, w->scratch.data,
-			  w->scratch.len, resp->body.data, resp->body.len);
+			  w->scratch.len, keep_body ? resp->body.data : "",
+			  keep_body ? resp->body.len : 0);
 	}
 }
 

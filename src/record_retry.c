@@ -21,7 +21,7 @@ typedef struct pending {
 	uint8_t owner[STORE_TOKEN_LEN];
 	bool complete;
 	int status;
-	char *headers, *body;
+	char *headers, *body, *seal_key;
 	size_t headers_len, body_len;
 	bool replayable;
 	double lease_end_ms;
@@ -58,6 +58,7 @@ static void pending_free(pending *p)
 	free(p->key);
 	free(p->headers);
 	free(p->body);
+	free(p->seal_key);
 	free(p);
 }
 
@@ -86,7 +87,8 @@ static bool try_one(record_retry *rr, pending *p, char *err, size_t errlen)
 					  p->headers_len,
 					  p->replayable ? p->body : NULL,
 					  p->replayable ? p->body_len : 0,
-					  p->replayable, &fenced, err, errlen)
+					  p->replayable, p->seal_key, &fenced,
+					  err, errlen)
 			 : store_release(rr->st, &k, &fenced, err, errlen);
 	p->tries++;
 	if (rc)
@@ -229,6 +231,7 @@ void record_retry_add(record_retry *rr, const record_retry_item *it)
 	p->headers = copy_bytes(it->headers, it->headers_len);
 	p->headers_len = it->headers_len;
 	p->replayable = it->replayable;
+	p->seal_key = it->seal_key ? xstrdup(it->seal_key) : NULL;
 	if (it->replayable) {
 		p->body = copy_bytes(it->body, it->body_len);
 		p->body_len = it->body_len;

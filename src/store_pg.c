@@ -28,7 +28,7 @@ struct store {
 typedef struct stmt_def {
 	const char *name;
 	int nparams;
-	Oid types[8];
+	Oid types[9];
 	const char *sql;
 } stmt_def;
 
@@ -42,12 +42,13 @@ static const stmt_def stmts[] = {
 	/* A late answer may still be recorded after the reaper released the
 	 * record, as long as no other attempt took it over (owner unchanged):
 	 * it is the truth about the one attempt that was sent. */
-	{"complete", 8,
+	{"complete", 9,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID, OID_INT4, OID_BYTEA, OID_BYTEA,
-	  OID_BOOL},
+	  OID_BOOL, OID_TEXT},
 	 "UPDATE idempotency_records SET state = 'completed', "
 	 "response_status = $5, response_headers = $6, response_body = $7, "
-	 "replayable = $8, lease_until = NULL, updated_at = now() "
+	 "replayable = $8, seal_key = $9, lease_until = NULL, "
+	 "updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4 AND state IN ('processing', 'released') "
 	 "AND expires_at > now()"},
@@ -383,22 +384,23 @@ static int write_fenced(store *s, int st, const char *want,
 
 int store_complete(store *s, const record_key *k, int status,
 		   const char *headers, size_t headers_len, const char *body,
-		   size_t body_len, bool replayable, bool *fenced, char *err,
-		   size_t errlen)
+		   size_t body_len, bool replayable, const char *seal_key,
+		   bool *fenced, char *err, size_t errlen)
 {
 	uint32_t st = htonl((uint32_t)status);
 	char rep = replayable ? 1 : 0;
-	const char *vals[8] = {k->tenant,
+	const char *vals[9] = {k->tenant,
 			       k->operation,
 			       k->key,
 			       (const char *)k->owner,
 			       (const char *)&st,
 			       headers ? headers : "",
 			       body ? body : "",
-			       &rep};
-	int lens[8] = {0, 0, 0, STORE_TOKEN_LEN, 4, (int)headers_len,
-		       (int)body_len, 1};
-	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
+			       &rep,
+			       seal_key};
+	int lens[9] = {0, 0, 0, STORE_TOKEN_LEN, 4, (int)headers_len,
+		       (int)body_len, 1, 0};
+	int fmts[9] = {0, 0, 0, 1, 1, 1, 1, 1, 0};
 	return write_fenced(s, ST_COMPLETE, "completed", vals, lens, fmts,
 			    k, fenced, err, errlen);
 }

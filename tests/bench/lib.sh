@@ -72,7 +72,8 @@ stub_ctl() {
 }
 
 # One file per proxy (CONF_NAME), so that a SIGHUP makes the running proxy
-# read a new level; BUSY_POLL sets busy_poll (default off).
+# read a new level; BUSY_POLL sets busy_poll (default off); EXTRA_CONF is
+# appended as it is.
 write_conf() {
 	local level=$1 conf=$TMP/${CONF_NAME:-idemproxy}.conf
 	sed -e "s#@LISTEN@#127.0.0.1:$PROXY_PORT#" \
@@ -81,6 +82,7 @@ write_conf() {
 		-e "s#@DB_URL@#$DB_URL#" -e "s#@UPSTREAM@#$STUB#" \
 		-e "s/@WORKERS@/$WORKERS/" -e "s/@LOG_LEVEL@/$level/" \
 		"$HERE/idemproxy.conf.in" >"$conf"
+	[ -z "${EXTRA_CONF:-}" ] || printf '%s\n' "$EXTRA_CONF" >>"$conf"
 	echo "$conf"
 }
 

@@ -60,6 +60,7 @@ PG_PID=""
 STUB_PID=""
 PROXY_PID=""
 BUSY_PID=""
+SEAL_PID=""
 NGINX_PID=""
 WRK_PID=""
 PGB_PID=""
@@ -82,6 +83,7 @@ cleanup() {
 	stop_pid "$PGB_PID" INT
 	stop_pid "$PROXY_PID"
 	stop_pid "$BUSY_PID"
+	stop_pid "$SEAL_PID"
 	stop_pid "$NGINX_PID" QUIT
 	stop_pid "$STUB_PID"
 	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
@@ -146,6 +148,51 @@ set_log_level() {
 	done
 	[ "$level" = info ] && die "idemproxy did not reload its configuration"
 	return 0
+}
+
+# A third idemproxy with store_encryption on: SEAL_PID, SEAL_PROXY,
+# SEAL_ADMIN. seal_run ARGS...: proxy_run through it.
+start_seal_proxy() {
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN port=$PROXY_PORT
+	local aport=$ADMIN_PORT keys=$TMP/seal.keys
+	(umask 077 && printf 'active = bench\nbench %s\n' \
+		"$(head -c 32 /dev/urandom | base64)" >"$keys")
+	PROXY_PORT=$(free_port)
+	ADMIN_PORT=$(free_port)
+	CONF_NAME=idemproxy-seal EXTRA_CONF="store_encryption = { keys = \"$keys\"; };" \
+		start_proxy warn
+	SEAL_PID=$PROXY_PID SEAL_PROXY=$PROXY SEAL_ADMIN=$ADMIN
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin PROXY_PORT=$port
+	ADMIN_PORT=$aport
+}
+
+seal_run() {
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN
+	PROXY_PID=$SEAL_PID PROXY=$SEAL_PROXY ADMIN=$SEAL_ADMIN
+	"$@"
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin
+}
+
+# Fresh keys and replays with store_encryption on, interleaved with the same
+# runs through the proxy without it (their ratio: expected close to 1).
+seal_runs() {
+	local dur=$DUR s
+	RECORD=0
+	DUR=2
+	seal_run proxy_run warmup-seal fresh 16 2
+	RECORD=1
+	DUR=$(((dur + 1) / 2))
+	for s in 1 2; do
+		proxy_run fresh-c16-plain fresh 16 2 "" "encryption off (pair)"
+		seal_run proxy_run fresh-c16-seal fresh 16 2 "" "store_encryption on (pair)"
+		prime "$TAG-rp-$s"
+		proxy_run replay-c16-plain replay 16 2 "$TAG-rp-$s" "encryption off (pair)"
+		seal_run prime "$TAG-rs-$s"
+		seal_run proxy_run replay-c16-seal replay 16 2 "$TAG-rs-$s" \
+			"store_encryption on (pair)"
+	done
+	DUR=$dur
+	stub_take
 }
 
 # ---- what the proxy counted ---------------------------------------------
@@ -607,11 +654,13 @@ main() {
 		{ cat "$LOGS/raw_pair_table.log" >&2; die "creating the raw pair's table failed"; }
 	start_proxy warn
 	start_busy_proxy
+	start_seal_proxy
 	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers; with busy_poll $BUSY: $BUSY_PROXY"
 
 	warm_up
 	target_runs
 	other_runs
+	seal_runs
 	rss_run
 	# What a log line per request costs: the same run at both levels, back
 	# to back on the process the memory check warmed up.

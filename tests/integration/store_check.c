@@ -191,7 +191,7 @@ static void complete(store *s, const char *key, const uint8_t *owner,
 	bool fenced = !want_fenced;
 	char err[256];
 	if (store_complete(s, &k, 201, headers, strlen(headers), body,
-			   strlen(body), true, &fenced, err, sizeof err))
+			   strlen(body), true, NULL, &fenced, err, sizeof err))
 		fail("complete %s: %s", key, err);
 	if (fenced != want_fenced)
 		fail("complete %s: fenced=%d, expected %d", key, fenced,
@@ -404,7 +404,7 @@ static void check_repeated_claim(store *s)
 	char err[256];
 	static const char h[] = "Location: /caf\xe9\r\n";
 	for (int i = 0; i < 2; i++) {
-		if (store_complete(s, &k, 201, h, strlen(h), "{}", 2, true,
+		if (store_complete(s, &k, 201, h, strlen(h), "{}", 2, true, NULL,
 				   &fenced, err, sizeof err))
 			fail("repeated complete %d: %s", i, err);
 		if (fenced)
@@ -415,7 +415,7 @@ static void check_repeated_claim(store *s)
 		fail("replayed headers differ from the bytes recorded");
 	claim_result_clear(&c);
 	k.owner = t1;
-	if (store_complete(s, &k, 201, h, strlen(h), "{}", 2, true, &fenced,
+	if (store_complete(s, &k, 201, h, strlen(h), "{}", 2, true, NULL, &fenced,
 			   err, sizeof err) ||
 	    !fenced)
 		fail("a stale owner's repeated complete was not fenced");

@@ -125,3 +125,35 @@ def test_pending_record_is_written_during_the_shutdown_grace(make_proxy, stub, p
     assert bytes(rec["response_body"]) == r.content
     assert stub.count(key=key) == 1
     assert "outcome recorded after the store came back" in proxy.log()
+
+
+@pytest.mark.no_replay_cache
+def test_a_sealed_answer_is_recorded_in_the_background(make_proxy, stub, pg, pg_cluster,
+                                                      tmp_path):
+    # with store_encryption on, what waits in the background is the sealed
+    # form, and it is what reaches the store
+    from test_seal import K1, write_keys
+    keys = write_keys(str(tmp_path / "keys"), {"k1": K1}, "k1")
+    proxy = make_proxy(top={"workers": 1, "store_encryption": {"keys": keys}})
+    assert pay(proxy, new_key("warm")).status_code == 201
+    key = new_key("sealed")
+    t, answers = held_request(proxy, stub, key)
+    try:
+        with Outage(pg, pg_cluster):
+            r = answer(stub, t, answers)
+            assert r.status_code == 201 and not is_replay(r), r.content
+            wait_until(lambda: counter(proxy, "idemproxy_events_total",
+                                       event="record_deferred") == 1,
+                       what="the record to be handed to the background")
+    finally:
+        stub.release("hold")
+        t.join(HANG)
+    rec = wait_state(pg, key, "completed", timeout=20)
+    assert rec["seal_key"] == "k1"
+    body = bytes(rec["response_body"])
+    assert body[:1] == b"\x00" and r.content not in body
+    again = pay(proxy, key)
+    assert again.status_code == 201 and is_replay(again), again.content
+    assert again.content == r.content
+    assert stub.count(key=key) == 1
+    assert counter(proxy, "idemproxy_events_total", event="record_retried") == 1

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -623,6 +624,47 @@ static void test_error_headers(void **state)
 
 /* ---- environment ----------------------------------------------------- */
 
+static void test_store_encryption_and_store_body(void **state)
+{
+	config *c = load_text(ROUTE_A);
+	assert_non_null(c);
+	assert_null(c->seal);
+	assert_false(c->routes[0].status_only);
+	config_unref(c);
+
+	char keys[] = "/tmp/idemproxy-keys-XXXXXX";
+	int fd = mkstemp(keys);
+	assert_true(fd >= 0);
+	const char *kt = "active = k1\n"
+			 "k1 AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n";
+	assert_int_equal(write(fd, kt, strlen(kt)), (ssize_t)strlen(kt));
+	close(fd);
+	char text[512];
+	snprintf(text, sizeof text,
+		 "store_encryption = { keys = \"%s\"; };\n"
+		 "defaults = { store_body = \"status_only\"; };\n" ROUTE_A,
+		 keys);
+	c = load_text(text);
+	assert_non_null(c);
+	assert_string_equal(seal_keyring_active(c->seal), "k1");
+	assert_true(c->routes[0].status_only);
+	config_unref(c);
+
+	/* A key file others may read refuses the whole conf, at its line. */
+	assert_int_equal(chmod(keys, 0644), 0);
+	snprintf(text, sizeof text,
+		 "\nstore_encryption = {\n  keys = \"%s\";\n};\n" ROUTE_A,
+		 keys);
+	assert_error(text, 3, "store_encryption.keys:");
+	assert_non_null(strstr(err, "accessible by group or others"));
+	unlink(keys);
+	assert_error(text, 3, "cannot read");
+	assert_error("store_encryption = { key = \"x\"; };\n" ROUTE_A, 1,
+		     "unknown setting \"key\"");
+	assert_route_error("store_body = \"none\";", 4,
+			   "must be \"full\" or \"status_only\"");
+}
+
 static void test_env_overrides(void **state)
 {
 	(void)state;
@@ -889,6 +931,7 @@ int main(void)
 		T(test_error_enums),
 		T(test_error_listen),
 		T(test_error_headers),
+		T(test_store_encryption_and_store_body),
 		T(test_env_overrides),
 		T(test_env_listen_invalid),
 		T(test_route_matching_order),

@@ -1,0 +1,248 @@
+#include "reencrypt.h"
+
+#include <arpa/inet.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pg_link.h"
+#include "seal.h"
+#include "util.h"
+
+#define OID_INT4 23
+#define OID_TEXT 25
+
+/* Completed records not under the active key ($1), in primary-key order
+ * from the cursor on. */
+#define RE_COLS                                                                \
+	"SELECT tenant, operation, idem_key, request_hash, response_status, "  \
+	"response_headers, response_body FROM idempotency_records "          \
+	"WHERE state = 'completed' AND seal_key IS DISTINCT FROM $1 "
+#define RE_TAIL                                                                \
+	" ORDER BY tenant, operation, idem_key LIMIT $2 FOR UPDATE SKIP LOCKED"
+
+static const char first_sql[] = RE_COLS RE_TAIL;
+static const char next_sql[] =
+	RE_COLS "AND (tenant, operation, idem_key) > ($3, $4, $5)" RE_TAIL;
+
+static const char update_sql[] =
+	"UPDATE idempotency_records SET response_headers = $4, "
+	"response_body = $5, seal_key = $6 "
+	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
+	"AND state = 'completed'";
+
+static const char left_sql[] =
+	"SELECT seal_key, count(*) FROM idempotency_records "
+	"WHERE state = 'completed' AND seal_key IS DISTINCT FROM $1 "
+	"GROUP BY 1 ORDER BY 1 NULLS FIRST";
+
+typedef struct re_ctx {
+	pg_link link;
+	const seal_keyring *keys;
+	FILE *out, *errs;
+	char *err;
+	size_t errlen;
+	ip_buf plain_h, plain_b, sealed_h, sealed_b;
+	long resealed, unreadable;
+	char cursor[3][1024]; /* tenant, operation, key of the last row */
+	bool started;
+} re_ctx;
+
+static int re_simple(re_ctx *x, const char *sql)
+{
+	PGresult *r = PQexec(x->link.conn, sql);
+	int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
+	if (rc)
+		pg_link_err(x->err, x->errlen, sql, PQresultErrorMessage(r));
+	PQclear(r);
+	return rc;
+}
+
+static int32_t get_i32(const char *p)
+{
+	uint32_t v;
+	memcpy(&v, p, 4);
+	return (int32_t)ntohl(v);
+}
+
+/* Opens row i (if sealed) into plain_h / plain_b, or takes it as stored.
+ * -1 with why when it does not open. */
+static int re_open(re_ctx *x, PGresult *r, int i, const seal_scope *sc,
+		   char *why, size_t whylen)
+{
+	const char *h = PQgetvalue(r, i, 5), *b = PQgetvalue(r, i, 6);
+	size_t hl = (size_t)PQgetlength(r, i, 5);
+	size_t bl = (size_t)PQgetlength(r, i, 6);
+	ip_buf_reset(&x->plain_h);
+	ip_buf_reset(&x->plain_b);
+	if (!seal_is_sealed(h, hl)) {
+		ip_buf_append(&x->plain_h, h, hl);
+		ip_buf_append(&x->plain_b, b, bl);
+		return 0;
+	}
+	if (seal_open(x->keys, sc, SEAL_HEADERS, h, hl, &x->plain_h, why,
+		      whylen) < 0)
+		return -1;
+	if (bl == 0)
+		return 0;
+	return seal_open(x->keys, sc, SEAL_BODY, b, bl, &x->plain_b, why,
+			 whylen);
+}
+
+static int re_row(re_ctx *x, PGresult *r, int i)
+{
+	const char *tenant = PQgetvalue(r, i, 0);
+	const char *op = PQgetvalue(r, i, 1);
+	const char *key = PQgetvalue(r, i, 2);
+	bool has_body = PQgetlength(r, i, 6) > 0;
+	if (PQgetlength(r, i, 3) != SEAL_HASH_LEN || PQgetisnull(r, i, 4)) {
+		fprintf(x->errs,
+			"reencrypt: tenant=%s operation=%s key=%s: no "
+			"fingerprint or status; left as it is\n",
+			tenant, op, key);
+		x->unreadable++;
+		return 0;
+	}
+	seal_scope sc = {tenant, op, key,
+			 (const uint8_t *)PQgetvalue(r, i, 3),
+			 get_i32(PQgetvalue(r, i, 4)), has_body};
+	char why[256];
+	if (re_open(x, r, i, &sc, why, sizeof why) < 0) {
+		fprintf(x->errs,
+			"reencrypt: tenant=%s operation=%s key=%s: %s; left "
+			"as it is\n",
+			tenant, op, key, why);
+		x->unreadable++;
+		return 0;
+	}
+	seal_seal(x->keys, &sc, SEAL_HEADERS, x->plain_h.data, x->plain_h.len,
+		  &x->sealed_h);
+	ip_buf_reset(&x->sealed_b);
+	if (has_body)
+		seal_seal(x->keys, &sc, SEAL_BODY, x->plain_b.data,
+			  x->plain_b.len, &x->sealed_b);
+	const char *vals[6] = {tenant, op, key, x->sealed_h.data,
+			       x->sealed_b.data ? x->sealed_b.data : "",
+			       seal_keyring_active(x->keys)};
+	int lens[6] = {0, 0, 0, (int)x->sealed_h.len, (int)x->sealed_b.len, 0};
+	int fmts[6] = {0, 0, 0, 1, 1, 0};
+	PGresult *u = PQexecParams(x->link.conn, update_sql, 6, NULL, vals,
+				   lens, fmts, 0);
+	int rc = PQresultStatus(u) == PGRES_COMMAND_OK ? 0 : -1;
+	if (rc)
+		pg_link_err(x->err, x->errlen, "reencrypt update",
+			    PQresultErrorMessage(u));
+	else
+		x->resealed++;
+	PQclear(u);
+	return rc;
+}
+
+/* One batch in one transaction. *rows: how many the batch selected. */
+static int re_batch(re_ctx *x, int batch, int *rows)
+{
+	*rows = 0;
+	if (re_simple(x, "BEGIN") < 0)
+		return -1;
+	char lim[16];
+	snprintf(lim, sizeof lim, "%d", batch);
+	const char *vals[5] = {seal_keyring_active(x->keys), lim,
+			       x->cursor[0], x->cursor[1], x->cursor[2]};
+	Oid types[5] = {OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_TEXT};
+	PGresult *r = PQexecParams(x->link.conn,
+				   x->started ? next_sql : first_sql,
+				   x->started ? 5 : 2, types, vals, NULL, NULL,
+				   1);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		pg_link_err(x->err, x->errlen, "reencrypt select",
+			    PQresultErrorMessage(r));
+		PQclear(r);
+		PQclear(PQexec(x->link.conn, "ROLLBACK"));
+		return -1;
+	}
+	int n = PQntuples(r);
+	for (int i = 0; i < n; i++) {
+		if (re_row(x, r, i) < 0) {
+			PQclear(r);
+			PQclear(PQexec(x->link.conn, "ROLLBACK"));
+			return -1;
+		}
+	}
+	if (n > 0) {
+		for (int c = 0; c < 3; c++)
+			snprintf(x->cursor[c], sizeof x->cursor[c], "%s",
+				 PQgetvalue(r, n - 1, c));
+		x->started = true;
+	}
+	PQclear(r);
+	*rows = n;
+	return re_simple(x, "COMMIT");
+}
+
+/* The records still not under the active key, per key id. */
+static int re_report(re_ctx *x, long *left)
+{
+	const char *vals[1] = {seal_keyring_active(x->keys)};
+	PGresult *r = PQexecParams(x->link.conn, left_sql, 1, NULL, vals, NULL,
+				   NULL, 0);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		pg_link_err(x->err, x->errlen, "reencrypt count",
+			    PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	*left = 0;
+	for (int i = 0; i < PQntuples(r); i++) {
+		long n = atol(PQgetvalue(r, i, 1));
+		*left += n;
+		if (PQgetisnull(r, i, 0))
+			fprintf(x->out, "left in the clear: %ld\n", n);
+		else
+			fprintf(x->out, "left under key \"%s\": %ld\n",
+				PQgetvalue(r, i, 0), n);
+	}
+	if (*left == 0)
+		fprintf(x->out,
+			"every completed record is sealed under \"%s\": the "
+			"other keys can be removed from the key file\n",
+			seal_keyring_active(x->keys));
+	PQclear(r);
+	return 0;
+}
+
+int reencrypt_run(const config *cfg, int batch, FILE *out, FILE *errs,
+		  char *err, size_t errlen)
+{
+	if (!cfg->seal) {
+		snprintf(err, errlen,
+			 "store_encryption is not configured: nothing to "
+			 "seal records under");
+		return -1;
+	}
+	re_ctx x = {.keys = cfg->seal, .out = out, .errs = errs, .err = err,
+		    .errlen = errlen};
+	pg_link_init(&x.link, cfg->db_url, "idemproxy-reencrypt",
+		     cfg->statement_timeout_ms);
+	int rc = -1;
+	if (pg_link_connect(&x.link, NULL, err, errlen))
+		goto out;
+	fprintf(out, "reencrypt: sealing under \"%s\", %d records a batch\n",
+		seal_keyring_active(x.keys), batch);
+	for (int n = batch; n == batch;) {
+		if (re_batch(&x, batch, &n) < 0)
+			goto out;
+		fprintf(out, "reencrypt: %ld re-sealed, %ld unreadable so far\n",
+			x.resealed, x.unreadable);
+		fflush(out);
+	}
+	long left;
+	if (re_report(&x, &left) < 0)
+		goto out;
+	rc = left ? 1 : 0;
+out:
+	pg_link_close(&x.link);
+	ip_buf_free(&x.plain_h);
+	ip_buf_free(&x.plain_b);
+	ip_buf_free(&x.sealed_h);
+	ip_buf_free(&x.sealed_b);
+	return rc;
+}

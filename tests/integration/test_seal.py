@@ -1,0 +1,327 @@
+"""Stored responses sealed at rest (store_encryption): a replay is
+byte-identical, a record altered or copied to another scope is never
+replayed and nothing is forwarded in its place, keys rotate with
+--reencrypt, a key file others may read is refused, store_body =
+"status_only" keeps no body."""
+import base64
+import json
+import os
+import signal
+
+import psycopg
+import pytest
+import requests
+
+from conftest import ADMIN_TOKEN, run_binary
+from helpers import TIMEOUT, assert_problem, is_replay, new_key, wait_until
+from store_support import metrics, pay
+
+K1 = base64.b64encode(bytes(range(32))).decode()
+K2 = base64.b64encode(bytes(range(100, 132))).decode()
+K3 = base64.b64encode(bytes(range(200, 232))).decode()
+SECRET = "Jane Q. Cardholder, 4242"  # personal data in every response body
+
+
+def write_keys(path, keys, active, mode=0o600):
+    """keys: {id: base64}. Written in place, so a proxy's SIGHUP sees it."""
+    text = "# test keys\nactive = %s\n" % active
+    text += "".join("%s %s\n" % (k, v) for k, v in keys.items())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
+    return path
+
+
+def sealed_proxy(make_proxy, tmp_path, keys=None, active="k1", **kw):
+    path = write_keys(str(tmp_path / "keys"), keys or {"k1": K1}, active)
+    top = dict(kw.pop("top", None) or {})
+    top["store_encryption"] = {"keys": path}
+    return make_proxy(top=top, **kw), path
+
+
+def personal(stub):
+    """Every upstream answer carries personal data."""
+    stub.configure({"json": {"holder": SECRET, "last4": "4242"}})
+
+
+def stored(pg, key):
+    rec = pg.record(key)
+    return rec, bytes(rec["response_headers"]), bytes(rec["response_body"])
+
+
+def reload_and_wait(proxy, what):
+    n = proxy.log().count(what)
+    proxy.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: proxy.log().count(what) > n, what=repr(what))
+
+
+def unreadable_count(proxy):
+    return metrics(proxy).get('idemproxy_events_total{event="record_unreadable"}', 0)
+
+
+@pytest.mark.no_replay_cache
+def test_replay_is_byte_identical_and_nothing_readable_is_stored(make_proxy, stub, pg,
+                                                                 tmp_path):
+    personal(stub)
+    proxy, _ = sealed_proxy(make_proxy, tmp_path)
+    key = new_key()
+    first = pay(proxy, key)
+    assert first.status_code == 201 and SECRET.encode() in first.content
+    again = pay(proxy, key)
+    assert again.status_code == 201 and is_replay(again)
+    assert again.content == first.content
+    for h in ("Content-Type", "Location"):
+        assert again.headers[h] == first.headers[h]
+    assert stub.count(key=key) == 1
+    rec, h, b = stored(pg, key)
+    assert rec["seal_key"] == "k1"
+    assert h[:1] == b"\x00" and b[:1] == b"\x00"
+    assert b"4242" not in b and b"Cardholder" not in b
+    assert first.headers["Location"].encode() not in h
+    # neither the key nor the body reaches the log
+    log = proxy.log()
+    assert K1 not in log and SECRET not in log and "4242" not in log
+
+
+@pytest.mark.no_replay_cache
+@pytest.mark.parametrize("column", ["response_body", "response_headers"])
+def test_a_flipped_byte_is_never_replayed(make_proxy, stub, pg, tmp_path, column):
+    personal(stub)
+    proxy, _ = sealed_proxy(make_proxy, tmp_path)
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+    before = unreadable_count(proxy)
+    # flip one bit in the middle of the ciphertext
+    assert pg.execute("UPDATE idempotency_records SET {c} = set_byte({c}, "
+                      "length({c}) / 2, get_byte({c}, length({c}) / 2) # 1) "
+                      "WHERE idem_key = %s".format(c=column), (key,)) == 1
+    r = pay(proxy, key)
+    assert_problem(r, 500, "idempotency_record_unreadable")
+    assert SECRET.encode() not in r.content
+    assert stub.count(key=key) == 1  # nothing forwarded in its place
+    assert unreadable_count(proxy) == before + 1
+    line = [json.loads(l) for l in proxy.log().splitlines()
+            if "stored record cannot be read" in l]
+    assert line and key in line[0]["detail"] and "does not authenticate" in line[0]["detail"]
+    assert pg.record(key)["state"] == "completed"  # left for an operator
+
+
+@pytest.mark.no_replay_cache
+def test_a_row_copied_to_another_tenant_does_not_open(make_proxy, stub, pg, tmp_path):
+    personal(stub)
+    proxy, _ = sealed_proxy(make_proxy, tmp_path)
+    key = new_key()
+    path = "/hooks/pay"
+    acme = pay(proxy, key, path=path, headers={"X-Tenant-Id": "acme"})
+    assert acme.status_code == 201
+    # the same payload from another tenant has the same fingerprint: a copy
+    # of acme's row under globex would be its replay if it opened
+    assert pg.execute(
+        "INSERT INTO idempotency_records SELECT 'globex', operation, idem_key, "
+        "request_hash, state, owner_token, attempt, lease_until, hold_on_unknown, "
+        "response_status, response_headers, response_body, replayable, created_at, "
+        "updated_at, expires_at, seal_key FROM idempotency_records "
+        "WHERE tenant = 'acme' AND idem_key = %s", (key,)) == 1
+    r = pay(proxy, key, path=path, headers={"X-Tenant-Id": "globex"})
+    assert_problem(r, 500, "idempotency_record_unreadable")
+    assert SECRET.encode() not in r.content
+    assert stub.count(key=key) == 1
+    # acme's own record still replays
+    again = pay(proxy, key, path=path, headers={"X-Tenant-Id": "acme"})
+    assert is_replay(again) and again.content == acme.content
+
+
+@pytest.mark.no_replay_cache
+def test_rotation_reencrypt_then_the_old_key_removed(make_proxy, stub, pg, tmp_path):
+    personal(stub)
+    # two records from before encryption was on, in the clear
+    plain = make_proxy()
+    clear_keys = [new_key("clear") for _ in range(2)]
+    answers = {k: pay(plain, k) for k in clear_keys}
+    plain.stop()
+    proxy, keys = sealed_proxy(make_proxy, tmp_path)
+    k1_keys = [new_key("k1") for _ in range(5)]
+    answers.update({k: pay(proxy, k) for k in k1_keys})
+    write_keys(keys, {"k1": K1, "k2": K2}, "k2")
+    reload_and_wait(proxy, "sealing_key=k2")
+    k2_keys = [new_key("k2") for _ in range(2)]
+    answers.update({k: pay(proxy, k) for k in k2_keys})
+    counts = {r["seal_key"]: r["n"] for r in pg.query(
+        "SELECT seal_key, count(*) AS n FROM idempotency_records GROUP BY 1")}
+    assert counts == {None: 2, "k1": 5, "k2": 2}
+    # the old key still opens its records
+    for k in k1_keys + clear_keys:
+        assert pay(proxy, k).content == answers[k].content
+
+    # a record locked by live traffic is skipped, not waited for
+    locker = psycopg.connect(pg.url)
+    locker.execute("SELECT 1 FROM idempotency_records WHERE idem_key = %s FOR UPDATE",
+                   (k1_keys[0],))
+    try:
+        r = run_binary(["-c", proxy.conf_path, "--reencrypt", "--batch", "2"])
+    finally:
+        locker.rollback()
+        locker.close()
+    assert r.returncode == 1, r.stdout + r.stderr
+    progress = [l for l in r.stdout.splitlines() if l.endswith("so far")]
+    assert len(progress) >= 3, r.stdout  # bounded batches, one line each
+    assert progress[-1] == "reencrypt: 6 re-sealed, 0 unreadable so far", r.stdout
+    assert 'left under key "k1": 1' in r.stdout
+    # resumable: a second run takes up what is left
+    r = run_binary(["-c", proxy.conf_path, "--reencrypt"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1 re-sealed" in r.stdout
+    assert 'every completed record is sealed under "k2"' in r.stdout
+    assert K1 not in r.stdout + r.stderr and K2 not in r.stdout + r.stderr
+    counts = {r["seal_key"]: r["n"] for r in pg.query(
+        "SELECT seal_key, count(*) AS n FROM idempotency_records GROUP BY 1")}
+    assert counts == {"k2": 9}
+
+    write_keys(keys, {"k2": K2}, "k2")
+    reload_and_wait(proxy, "configuration reloaded")
+    for k, first in answers.items():
+        again = pay(proxy, k)
+        assert again.status_code == 201 and is_replay(again), (k, again.content)
+        assert again.content == first.content
+        assert again.headers["Location"] == first.headers["Location"]
+        assert stub.count(key=k) == 1
+    assert unreadable_count(proxy) == 0
+
+
+@pytest.mark.no_replay_cache
+def test_a_removed_key_leaves_its_records_unreadable(make_proxy, stub, pg, tmp_path):
+    proxy, keys = sealed_proxy(make_proxy, tmp_path)
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+    write_keys(keys, {"k2": K2}, "k2")  # k1 dropped without --reencrypt
+    reload_and_wait(proxy, "sealing_key=k2")
+    r = pay(proxy, key)
+    assert_problem(r, 500, "idempotency_record_unreadable")
+    assert stub.count(key=key) == 1
+    assert 'sealed under key \\"k1\\", which the key file does not hold' in proxy.log()
+
+
+def test_sighup_with_a_bad_key_file_keeps_the_old_keys(make_proxy, stub, pg, tmp_path):
+    proxy, keys = sealed_proxy(make_proxy, tmp_path)
+    key = new_key()
+    first = pay(proxy, key)
+    with open(keys, "w") as f:
+        f.write("active = k2\nk2 not-base64\n")
+    reload_and_wait(proxy, "reload failed")
+    assert "not-base64" not in proxy.log()
+    os.chmod(keys, 0o644)
+    write_keys(keys, {"k2": K2}, "k2", mode=0o644)
+    reload_and_wait(proxy, "reload failed")
+    assert "accessible by group or others" in proxy.log()
+    assert pay(proxy, key).content == first.content
+    other = new_key()
+    assert pay(proxy, other).status_code == 201
+    assert pg.record(other)["seal_key"] == "k1"
+
+
+@pytest.mark.parametrize("text,mode,why", [
+    ("active = k1\nk1 %s\n" % K1, 0o644, "accessible by group or others (mode 0644)"),
+    ("active = k1\nk1 %s\n" % K1, 0o640, "accessible by group or others (mode 0640)"),
+    ("active = k1\nk1 %s\n" % K1, 0o604, "accessible by group or others"),
+    ("active = k1\nk1 %s\n" % K1[:-4], 0o600, ":2: key \"k1\": expected a 256-bit key"),
+    ("k1 %s\n" % K1, 0o600, "no \"active = ID\" line"),
+    ("active = k9\nk1 %s\n" % K1, 0o600, ":1: active key \"k9\" is not listed"),
+])
+def test_check_refuses_a_bad_key_file(make_proxy, tmp_path, text, mode, why):
+    keys = str(tmp_path / "keys")
+    fd = os.open(keys, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, text.encode())
+    os.close(fd)
+    os.chmod(keys, mode)
+    proxy = make_proxy(top={"store_encryption": {"keys": keys}}, migrate=False,
+                       start=False)
+    r = run_binary(["-c", proxy.conf_path, "--check"])
+    assert r.returncode == 1, r.stdout
+    assert "store_encryption.keys: " + keys in r.stderr and why in r.stderr, r.stderr
+    assert K1 not in r.stderr and K1[:20] not in r.stderr
+    # and the proxy itself does not start with it
+    r = run_binary(["-c", proxy.conf_path])
+    assert r.returncode == 1 and why in r.stderr
+
+
+def test_check_names_the_active_key(make_proxy, tmp_path):
+    keys = write_keys(str(tmp_path / "keys"), {"k1": K1, "k2": K2}, "k2")
+    proxy = make_proxy(top={"store_encryption": {"keys": keys}}, migrate=False,
+                       start=False)
+    r = run_binary(["-c", proxy.conf_path, "--check"])
+    assert r.returncode == 0, r.stderr
+    assert 'store_encryption: 2 keys in %s, active "k2"' % keys in r.stdout
+    assert K1 not in r.stdout and K2 not in r.stdout
+
+
+@pytest.mark.no_replay_cache
+@pytest.mark.parametrize("sealed", [False, True])
+def test_status_only_keeps_status_and_headers_not_the_body(make_proxy, stub, pg, tmp_path,
+                                                           sealed):
+    personal(stub)
+    over = {"route_overrides": {"create_payment": {"store_body": "status_only"}}}
+    proxy = (sealed_proxy(make_proxy, tmp_path, **over)[0] if sealed
+             else make_proxy(**over))
+    key = new_key()
+    first = pay(proxy, key)
+    assert first.status_code == 201 and SECRET.encode() in first.content
+    rec, h, b = stored(pg, key)
+    assert b == b"" and rec["replayable"] is True
+    assert (h[:1] == b"\x00") == sealed
+    again = pay(proxy, key)
+    assert again.status_code == 201 and is_replay(again)
+    assert again.content == b""
+    assert again.headers["Location"] == first.headers["Location"]
+    assert stub.count(key=key) == 1
+    # a body larger than max_stored_response is no reason to refuse a replay
+    big = new_key()
+    stub.configure({"key": big, "size": 200000})
+    proxy_big = make_proxy(top={"max_stored_response": "1KiB"}, **over)
+    assert pay(proxy_big, big).status_code == 201
+    r = pay(proxy_big, big)
+    assert r.status_code == 201 and is_replay(r) and r.content == b""
+
+
+def test_the_replay_cache_holds_plaintext_with_encryption_on(make_proxy, stub, pg,
+                                                            tmp_path):
+    personal(stub)
+    proxy, _ = sealed_proxy(make_proxy, tmp_path,
+                            top={"database": {"url": pg.url, "statement_timeout": "300ms"}})
+    key = new_key()
+    first = pay(proxy, key)
+    hits = metrics(proxy).get('idemproxy_events_total{event="replay_cache_hit"}', 0)
+    lock = psycopg.connect(pg.url)
+    lock.execute("BEGIN")
+    lock.execute("LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE")
+    try:
+        again = pay(proxy, key)  # the store is unreachable: from memory
+    finally:
+        lock.rollback()
+        lock.close()
+    assert again.status_code == 201 and is_replay(again)
+    assert again.content == first.content
+    assert again.headers["Location"] == first.headers["Location"]
+    assert metrics(proxy)['idemproxy_events_total{event="replay_cache_hit"}'] == hits + 1
+    # a replay read from the store (another key, cache filled from the
+    # claim) is opened once and then served from memory too
+    other = new_key()
+    o1 = pay(proxy, other)
+    assert pay(proxy, other).content == o1.content
+    assert stub.count(key=key) == 1 and stub.count(key=other) == 1
+
+
+def test_admin_get_shows_the_sealed_record_as_stored(make_proxy, stub, pg, tmp_path):
+    personal(stub)
+    proxy, _ = sealed_proxy(make_proxy, tmp_path)
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+    r = requests.get("%s/admin/keys/default/create_payment/%s" % (proxy.admin_url, key),
+                     headers={"Authorization": "Bearer " + ADMIN_TOKEN}, timeout=TIMEOUT)
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["sealed_with"] == "k1"
+    _, h, b = stored(pg, key)
+    assert base64.b64decode(doc["response_headers"]["sealed"]) == h
+    assert base64.b64decode(doc["response_body"]) == b
+    assert SECRET not in r.text and "4242" not in r.text
