@@ -118,11 +118,11 @@ def test_a_row_copied_to_another_tenant_does_not_open(make_proxy, stub, pg, tmp_
     # the same payload from another tenant has the same fingerprint: a copy
     # of acme's row under globex would be its replay if it opened
     assert pg.execute(
-        "INSERT INTO idempotency_records SELECT 'globex', operation, idem_key, "
+        "INSERT INTO idempotency_records SELECT 'header:globex', operation, idem_key, "
         "request_hash, state, owner_token, attempt, lease_until, hold_on_unknown, "
         "response_status, response_headers, response_body, replayable, created_at, "
         "updated_at, expires_at, seal_key FROM idempotency_records "
-        "WHERE tenant = 'acme' AND idem_key = %s", (key,)) == 1
+        "WHERE tenant = 'header:acme' AND idem_key = %s", (key,)) == 1
     r = pay(proxy, key, path=path, headers={"X-Tenant-Id": "globex"})
     assert_problem(r, 500, "idempotency_record_unreadable")
     assert SECRET.encode() not in r.content
