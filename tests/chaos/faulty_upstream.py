@@ -11,7 +11,8 @@ fixed weights (KINDS):
   ok        201, body {"id": <unique id of this execution>, "key": ...}
   gzip      as ok, gzip-encoded when the request accepts gzip
   trailer   as ok, chunked, with trailer fields (one a second Content-Type)
-  extra     as ok, then an unsolicited second response on the connection
+  extra     as ok, then at once an unsolicited second response on the
+            connection
   slow      the effect happens, the answer comes after --slow seconds
             (beyond the proxy's upstream_timeout)
             (every answer takes 20-300 ms first)
@@ -231,10 +232,13 @@ def handle(up, conn, port, method, target, headers, body):
         elif kind == "extra":
             stray = json.dumps({"id": "stray_" + uuid.uuid4().hex, "key": None,
                                 "status": "stray"}).encode()
-            # late, so the proxy has read the answer and the connection
-            # looks idle and reusable when the stray response lands
+            # Right behind the answer, in its own write: the proxy has
+            # read the answer and the connection looks idle and reusable
+            # when the stray response lands. (A stray that lands only after
+            # the proxy wrote its next request on the connection cannot be
+            # told from that request's answer in HTTP/1.1; the README says
+            # so, and the soak does not pretend otherwise by sending one.)
             conn.sendall(response(st, rbody))
-            time.sleep(0.05)
             conn.sendall(response(201, stray))
         else:
             conn.sendall(response(st, rbody))
