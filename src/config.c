@@ -1535,12 +1535,17 @@ void config_print_routes(const config *c, FILE *out)
 		cfg_tenant_text(r, tenant, sizeof tenant);
 		cfg_fmt_ms(r->ttl_ms, ttl, sizeof ttl);
 		cfg_fmt_ms(r->lease_ms, lease, sizeof lease);
+		ip_buf from = {0};
+		for (size_t j = 0; !r->key_from.bare && j < r->key_from.n; j++)
+			ip_buf_printf(&from, "%s%s", j ? "," : " key_from=",
+				      r->key_from.v[j].spec);
 		fprintf(out,
-			"%-*s  %-*s  -> %s  methods=%s key=%s tenant=%s "
+			"%-*s  %-*s  -> %s  methods=%s key=%s%s tenant=%s "
 			"ttl=%s lease=%s\n",
 			wname, r->name, wpath, r->path, r->upstream, m.data,
-			r->key_required ? "required" : "optional", tenant,
-			ttl, lease);
+			r->key_required ? "required" : "optional",
+			from.data ? from.data : "", tenant, ttl, lease);
+		ip_buf_free(&from);
 		ip_buf_free(&m);
 	}
 }

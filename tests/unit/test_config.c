@@ -127,7 +127,14 @@ static void test_example_conf(void **state)
 		fail_msg("%s", err);
 	assert_string_equal(c->file, EXAMPLE_CONF);
 	assert_top_defaults(c);
-	assert_int_equal(c->n_routes, 3);
+	assert_int_equal(c->n_routes, 6);
+	assert_string_equal(c->routes[3].name, "psp_webhook");
+	assert_int_equal(c->routes[3].key_from.n, 1);
+	assert_int_equal(c->routes[3].key_from.v[0].source, KP_BODY);
+	assert_string_equal(c->routes[5].name, "order_transition");
+	assert_int_equal(c->routes[5].key_from.n, 2);
+	assert_int_equal(c->routes[5].n_fp_ignore, 1);
+	assert_true(c->routes[0].key_from.bare);
 	assert_string_equal(c->routes[0].name, "create_payment");
 	assert_string_equal(c->routes[0].path, "/v1/payments");
 	assert_string_equal(c->routes[0].upstream, "http://127.0.0.1:9000");
