@@ -24,7 +24,7 @@ FUZZ_LIBS   := $(shell pkg-config --libs jansson libcrypto libconfig jose 2>/dev
 # The sources each target links: the parser and what it calls, no I/O layers.
 fuzz_objs = $(patsubst %,$(FUZZ_BUILD)/obj/%.o,$(1) util)
 FUZZ_DEPS_idkey   := $(call fuzz_objs,idkey)
-FUZZ_DEPS_json    := $(call fuzz_objs,fingerprint)
+FUZZ_DEPS_json    := $(call fuzz_objs,fingerprint jsonptr)
 FUZZ_DEPS_pathtpl := $(call fuzz_objs,pathtpl)
 FUZZ_DEPS_units   := $(call fuzz_objs,units)
 FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units keyparts jsonptr \
