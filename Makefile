@@ -1,7 +1,7 @@
 # idemproxy — see README.md. `make` builds, `make test` tests, `make run` demos.
 
 CC      ?= cc
-PKGS    := libmicrohttpd libcurl libpq jansson libcrypto libconfig zlib
+PKGS    := libmicrohttpd libcurl libpq jansson libcrypto libconfig zlib jose
 OPT     ?= -O2 -g
 CFLAGS  ?= $(OPT)
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \

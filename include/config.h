@@ -10,11 +10,19 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "jsonptr.h"
+#include "jwt_auth.h"
+#include "keyparts.h"
 #include "pathtpl.h"
 #include "seal.h"
 #include "util.h"
 
-enum tenant_kind { TENANT_STATIC, TENANT_HEADER, TENANT_AUTHORIZATION };
+enum tenant_kind {
+	TENANT_STATIC,
+	TENANT_HEADER,
+	TENANT_AUTHORIZATION,
+	TENANT_JWT,
+};
 enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 typedef struct str_list {
@@ -32,7 +40,10 @@ typedef struct route_cfg {
 	str_list methods;  /* upper-case */
 	bool key_required;
 	enum tenant_kind tenant_kind;
-	char *tenant_arg;  /* NAME for static:/header:, NULL for authorization */
+	char *tenant_arg;  /* NAME for static:/header:, CLAIM for jwt:, NULL for
+			    * authorization */
+	jwt_policy *jwt;   /* the jwt group; NULL when not set */
+	keyparts key_from;
 	int64_t ttl_ms;
 	int64_t lease_ms;
 	int64_t upstream_timeout_ms;
@@ -44,6 +55,11 @@ typedef struct route_cfg {
 	str_list replay_headers;
 	str_list fingerprint_headers;
 	bool status_only;  /* store_body = "status_only": no body stored */
+	/* At most one of the two is non-empty. */
+	jsonptr **fp_ignore;
+	size_t n_fp_ignore;
+	jsonptr **fp_only;
+	size_t n_fp_only;
 } route_cfg;
 
 typedef struct config {

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "jsonptr.h"
 #include "util.h"
 
 #define FP_LEN 32
@@ -33,11 +34,18 @@ typedef struct fp_input {
 	const char *const *header_values; /* NULL entry = header absent */
 	const char *body;
 	size_t body_len;
+	/* fingerprint_ignore: values left out of a JSON body; or
+	 * fingerprint_only: the values that make the payload, in this order.
+	 * At most one of the two is non-empty. */
+	jsonptr *const *ignore;
+	size_t n_ignore;
+	jsonptr *const *only;
+	size_t n_only;
 } fp_input;
 
 /* SHA-256 over an unambiguous (length-prefixed) encoding of the fields;
- * JSON bodies are canonicalised first, and hashed raw if they fail to parse.
- * Thread-safe. */
+ * JSON bodies are canonicalised first, and hashed raw if they fail to parse
+ * (then ignore and only do not apply: the whole body counts). Thread-safe. */
 void fp_compute(const fp_input *in, uint8_t out[FP_LEN]);
 
 #endif

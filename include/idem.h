@@ -19,7 +19,7 @@ enum idem_action {
 
 #define IDEM_TENANT_MAX 255
 /* The stored tenant names its source: "NAME" for static:NAME (no ':'),
- * "header:VALUE", "authorization:HEX". */
+ * "header:VALUE", "authorization:HEX", "jwt:VALUE". */
 #define IDEM_TENANT_STORED_MAX (IDEM_TENANT_MAX + 16)
 /* A quoted key with every character escaped. */
 #define IDEM_KEY_HEADER_MAX (2 * IDKEY_MAX + 2)
@@ -31,17 +31,30 @@ typedef struct idem_plan {
 	int status;
 	const char *code;
 	const char *outcome;      /* the metrics outcome */
-	char detail[160];
+	char detail[240];
 	/* IDEM_CLAIM */
-	char key[IDKEY_MAX + 1];
-	char key_header[IDEM_KEY_HEADER_MAX + 1]; /* what the upstream gets */
+	/* The record's key: the Idempotency-Key header's key, or the parts of
+	 * key_from joined (keyparts.h). */
+	char key[KEYPARTS_KEY_MAX + 1];
+	/* What the upstream gets as Idempotency-Key when that header is a key
+	 * part; "" when it is not (the header, if any, is forwarded as sent). */
+	char key_header[IDEM_KEY_HEADER_MAX + 1];
 	char tenant[IDEM_TENANT_STORED_MAX + 1];
 } idem_plan;
 
+typedef struct idem_request {
+	const char *method;
+	const char *target;     /* raw path and query, NUL-terminated */
+	size_t path_len;        /* the path part of target */
+	const header_list *headers;
+	const char *body;       /* for body: key parts */
+	size_t body_len;
+	int64_t now_ms;         /* Unix time, for JWT exp and nbf */
+} idem_request;
+
 /* Steps 1-2 of SPEC 3.2: route, method, key and tenant. */
-void idem_plan_request(const config *cfg, const char *method,
-		       const char *path, size_t path_len,
-		       const header_list *headers, idem_plan *out);
+void idem_plan_request(const config *cfg, const idem_request *rq,
+		       idem_plan *out);
 
 /* The one spelling of key forwarded upstream on every attempt, however the
  * client wrote it: the bare form when the key is a valid bare value, else an

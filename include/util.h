@@ -46,6 +46,8 @@ bool ip_strncaseeq(const char *a, const char *b, size_t n);
 
 /* Monotonic clock in milliseconds (double, sub-ms resolution). */
 double ip_now_ms(void);
+/* Unix time in ms (the wall clock: for token expiry, never for timing). */
+int64_t ip_wall_ms(void);
 
 /* Lower-case hex encoding; out must hold 2*n+1 bytes. */
 void ip_hex(const uint8_t *in, size_t n, char *out);

@@ -11,24 +11,27 @@
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS ?= idkey json pathtpl units config keys
+FUZZ_TARGETS ?= idkey json pathtpl units config keys jsonptr jwt
 
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -std=gnu11 \
                -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
                -D_GNU_SOURCE -Iinclude \
-               $(shell pkg-config --cflags jansson libcrypto libconfig 2>/dev/null)
-FUZZ_LIBS   := $(shell pkg-config --libs jansson libcrypto libconfig 2>/dev/null) \
+               $(shell pkg-config --cflags jansson libcrypto libconfig jose 2>/dev/null)
+FUZZ_LIBS   := $(shell pkg-config --libs jansson libcrypto libconfig jose 2>/dev/null) \
                -lpthread
 
 # The sources each target links: the parser and what it calls, no I/O layers.
 fuzz_objs = $(patsubst %,$(FUZZ_BUILD)/obj/%.o,$(1) util)
 FUZZ_DEPS_idkey   := $(call fuzz_objs,idkey)
-FUZZ_DEPS_json    := $(call fuzz_objs,fingerprint)
+FUZZ_DEPS_json    := $(call fuzz_objs,fingerprint jsonptr)
 FUZZ_DEPS_pathtpl := $(call fuzz_objs,pathtpl)
 FUZZ_DEPS_units   := $(call fuzz_objs,units)
-FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units seal)
+FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units seal keyparts \
+			jsonptr jwt_auth fingerprint idkey job)
 FUZZ_DEPS_keys    := $(call fuzz_objs,seal)
+FUZZ_DEPS_jsonptr := $(call fuzz_objs,jsonptr)
+FUZZ_DEPS_jwt     := $(call fuzz_objs,jwt_auth)
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_OBJS := $(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_DEPS_$(t))))

@@ -531,6 +531,12 @@ static int cfg_strings(const config_setting_t *s, str_list *out,
 	return 0;
 }
 
+static bool cfg_any_string(const char *v)
+{
+	(void)v;
+	return true;
+}
+
 static bool cfg_is_known_method(const char *m)
 {
 	static const char *const known[] = {"GET",     "HEAD",    "POST",
@@ -668,16 +674,216 @@ static int cfg_conv_tenant(const cfg_opt *o, const config_setting_t *s,
 				       "use tenant = \"authorization\", which "
 				       "hashes the credential instead of "
 				       "storing it");
+	} else if (strncmp(v, "jwt:", 4) == 0) {
+		kind = TENANT_JWT;
+		arg = v + 4;
+		for (const char *p = arg; *p; p++)
+			if (*p < 0x21 || *p > 0x7e)
+				return cfg_why(why, whylen,
+					       "claim \"%s\" must be visible "
+					       "ASCII",
+					       arg);
 	} else {
 		return cfg_why(why, whylen,
 			       "\"%s\" must be \"static:NAME\", "
-			       "\"header:NAME\" or \"authorization\"",
+			       "\"header:NAME\", \"authorization\" or "
+			       "\"jwt:CLAIM\"",
 			       v);
 	}
 	if (arg && !*arg)
 		return cfg_why(why, whylen, "\"%s\" needs a NAME after ':'", v);
 	*CFG_DST(o, base, enum tenant_kind) = kind;
 	*CFG_AUX(o, base, char *) = arg ? xstrdup(arg) : NULL;
+	return 0;
+}
+
+/* key_from: where the key comes from, in order. */
+static int cfg_conv_key_from(const cfg_opt *o, const config_setting_t *s,
+			     void *base, char *why, size_t whylen)
+{
+	str_list l;
+	if (cfg_strings(s, &l, "key part", cfg_any_string, why, whylen) < 0)
+		return -1;
+	keyparts kp = {0};
+	int rc = l.n ? 0
+		     : cfg_why(why, whylen,
+			       "must name at least one part, such as "
+			       "\"header:Idempotency-Key\"");
+	for (size_t i = 0; rc == 0 && i < l.n; i++) {
+		keypart part;
+		rc = keyparts_parse_part(l.v[i], &part, why, whylen);
+		if (rc == 0)
+			rc = keyparts_add(&kp, &part, why, whylen);
+	}
+	cfg_list_free(&l);
+	if (rc < 0) {
+		keyparts_free(&kp);
+		return -1;
+	}
+	*CFG_DST(o, base, keyparts) = kp;
+	return 0;
+}
+
+static void cfg_pointers_free(jsonptr **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		jsonptr_free(v[i]);
+	free(v);
+}
+
+/* fingerprint_ignore and fingerprint_only: JSON pointers into the body. */
+static int cfg_conv_pointers(const cfg_opt *o, const config_setting_t *s,
+			     void *base, char *why, size_t whylen)
+{
+	str_list l;
+	if (cfg_strings(s, &l, "JSON pointer", cfg_any_string, why, whylen) <
+	    0)
+		return -1;
+	jsonptr **v = xcalloc(l.n + 1, sizeof *v);
+	size_t n = 0;
+	int rc = 0;
+	for (; rc == 0 && n < l.n; n++) {
+		char pwhy[128];
+		if (!l.v[n][0])
+			rc = cfg_why(why, whylen,
+				     "\"\" is the whole body; name the "
+				     "members, as in \"/sent_at\"");
+		else if (!(v[n] = jsonptr_parse(l.v[n], strlen(l.v[n]), pwhy,
+						sizeof pwhy)))
+			rc = cfg_why(why, whylen, "\"%s\": %s", l.v[n], pwhy);
+	}
+	cfg_list_free(&l);
+	if (rc < 0) {
+		cfg_pointers_free(v, n);
+		return -1;
+	}
+	*CFG_DST(o, base, jsonptr **) = v;
+	*CFG_AUX(o, base, size_t) = n;
+	return 0;
+}
+
+/* A relative keys file is found next to the conf file that names it, so a
+ * service does not depend on its working directory. */
+static char *cfg_path_near(const config_setting_t *s, const char *path)
+{
+	const char *conf = config_setting_source_file(s);
+	const char *slash = conf ? strrchr(conf, '/') : NULL;
+	if (path[0] == '/' || !slash)
+		return xstrdup(path);
+	ip_buf b = {0};
+	ip_buf_printf(&b, "%.*s/%s", (int)(slash - conf), conf, path);
+	return b.data;
+}
+
+static int cfg_jwt_string(const config_setting_t *g, const char *name,
+			  char **out, char *why, size_t whylen)
+{
+	const config_setting_t *m = config_setting_get_member(g, name);
+	if (!m)
+		return cfg_why(why, whylen, "missing required setting \"%s\"",
+			       name);
+	const char *v = config_setting_get_string(m);
+	if (!v || !*v)
+		return cfg_why(why, whylen, "%s: must be a non-empty string",
+			       name);
+	*out = xstrdup(v);
+	return 0;
+}
+
+static int cfg_jwt_algorithms(const config_setting_t *g, unsigned *out,
+			      char *why, size_t whylen)
+{
+	const config_setting_t *m = config_setting_get_member(g, "algorithms");
+	if (!m)
+		return cfg_why(why, whylen,
+			       "missing required setting \"algorithms\" (for "
+			       "example [\"RS256\"])");
+	str_list l;
+	if (cfg_strings(m, &l, "algorithm", cfg_any_string, why, whylen) < 0)
+		return -1;
+	unsigned algs = 0;
+	int rc = l.n ? 0
+		     : cfg_why(why, whylen,
+			       "algorithms: name at least one algorithm");
+	for (size_t i = 0; rc == 0 && i < l.n; i++) {
+		unsigned a = jwt_alg_from_name(l.v[i]);
+		if (ip_strcaseeq(l.v[i], "none"))
+			rc = cfg_why(why, whylen,
+				     "algorithms: \"%s\" would accept "
+				     "unsigned tokens; it is never allowed",
+				     l.v[i]);
+		else if (!a)
+			rc = cfg_why(why, whylen,
+				     "algorithms: \"%s\" must be \"RS256\", "
+				     "\"ES256\", \"EdDSA\" or \"HS256\"",
+				     l.v[i]);
+		algs |= a;
+	}
+	cfg_list_free(&l);
+	*out = algs;
+	return rc;
+}
+
+static int cfg_jwt_fields(const config_setting_t *g, jwt_policy *p,
+			  char *why, size_t whylen)
+{
+	static const char *const known[] = {"keys", "issuer", "audience",
+					    "algorithms", "leeway"};
+	for (int i = 0; i < config_setting_length(g); i++) {
+		const char *name =
+			config_setting_name(config_setting_get_elem(g, (unsigned)i));
+		bool ok = false;
+		for (size_t k = 0; k < sizeof known / sizeof known[0]; k++)
+			ok = ok || strcmp(name, known[k]) == 0;
+		if (!ok)
+			return cfg_why(why, whylen, "unknown setting \"%s\"",
+				       name);
+	}
+	char *file = NULL;
+	if (cfg_jwt_string(g, "keys", &file, why, whylen) < 0 ||
+	    cfg_jwt_string(g, "issuer", &p->issuer, why, whylen) < 0 ||
+	    cfg_jwt_string(g, "audience", &p->audience, why, whylen) < 0 ||
+	    cfg_jwt_algorithms(g, &p->algs, why, whylen) < 0) {
+		free(file);
+		return -1;
+	}
+	p->keys_file = cfg_path_near(g, file);
+	free(file);
+	const config_setting_t *lw = config_setting_get_member(g, "leeway");
+	const char *lv = lw ? config_setting_get_string(lw) : "30s";
+	if (!lv || ip_parse_duration_ms(lv, &p->leeway_ms) < 0 ||
+	    p->leeway_ms > 5 * CFG_MS_MINUTE)
+		return cfg_why(why, whylen,
+			       "leeway: must be a duration of at most 5m, such "
+			       "as \"30s\"");
+	char kwhy[CFG_WHY];
+	p->keys = jwt_keyset_load(p->keys_file, kwhy, sizeof kwhy);
+	if (!p->keys)
+		return cfg_why(why, whylen, "keys: %s", kwhy);
+	return 0;
+}
+
+/* jwt = { keys = "FILE"; issuer = ...; audience = ...; algorithms = [...];
+ * leeway = "30s"; }: an empty group means no JWT verification. The key
+ * file is read here, so a reload (SIGHUP) reads it again, and a key file
+ * that does not load keeps the configuration in force. */
+static int cfg_conv_jwt(const cfg_opt *o, const config_setting_t *s,
+			void *base, char *why, size_t whylen)
+{
+	if (!config_setting_is_group(s))
+		return cfg_why(why, whylen, "must be a group { keys = ...; }, "
+				       "not %s",
+			       cfg_type_name(s));
+	if (config_setting_length(s) == 0) {
+		*CFG_DST(o, base, jwt_policy *) = NULL;
+		return 0;
+	}
+	jwt_policy *p = xcalloc(1, sizeof *p);
+	if (cfg_jwt_fields(s, p, why, whylen) < 0) {
+		jwt_policy_free(p);
+		return -1;
+	}
+	*CFG_DST(o, base, jwt_policy *) = p;
 	return 0;
 }
 
@@ -859,6 +1065,13 @@ static const cfg_opt cfg_route[] = {
 	 .off = R_(fingerprint_headers), .reload = CFG_APPLY},
 	{.name = "store_body", .conv = cfg_conv_flag, .def = "\"full\"",
 	 .off = R_(status_only), .choices = cfg_store_body, .reload = CFG_APPLY},
+	{.name = "key_from", .conv = cfg_conv_key_from,
+	 .def = "[\"header:Idempotency-Key\"]", .off = R_(key_from), .reload = CFG_APPLY},
+	{.name = "fingerprint_ignore", .conv = cfg_conv_pointers, .def = "[]",
+	 .off = R_(fp_ignore), .aux = R_(n_fp_ignore), .reload = CFG_APPLY},
+	{.name = "fingerprint_only", .conv = cfg_conv_pointers, .def = "[]",
+	 .off = R_(fp_only), .aux = R_(n_fp_only), .reload = CFG_APPLY},
+	{.name = "jwt", .conv = cfg_conv_jwt, .def = "{}", .off = R_(jwt), .reload = CFG_APPLY},
 };
 
 /* Only in a route, and required there (no default). */
@@ -1114,6 +1327,10 @@ static void cfg_route_free(route_cfg *r)
 	free(r->release_statuses);
 	cfg_list_free(&r->replay_headers);
 	cfg_list_free(&r->fingerprint_headers);
+	keyparts_free(&r->key_from);
+	cfg_pointers_free(r->fp_ignore, r->n_fp_ignore);
+	cfg_pointers_free(r->fp_only, r->n_fp_only);
+	jwt_policy_free(r->jwt);
 }
 
 /* The line to blame for a rule between two settings: the route's own
@@ -1147,6 +1364,19 @@ static int cfg_route_rules(cfg_ctx *x, const route_cfg *r,
 				"upstream_timeout (%s)",
 				r->name, a, b);
 	}
+	if (r->n_fp_ignore && r->n_fp_only)
+		return cfg_fail(x,
+				cfg_blame(g, defaults, "fingerprint_only",
+					  "fingerprint_ignore"),
+				"route \"%s\": set fingerprint_ignore or "
+				"fingerprint_only, not both",
+				r->name);
+	if (r->tenant_kind == TENANT_JWT && !r->jwt)
+		return cfg_fail(x, cfg_blame(g, defaults, "tenant", "jwt"),
+				"route \"%s\": tenant \"jwt:%s\" needs a jwt "
+				"= { keys = \"FILE\"; issuer = ...; audience "
+				"= ...; algorithms = [...]; } group",
+				r->name, r->tenant_arg);
 	if (r->ttl_ms <= r->lease_ms) {
 		cfg_fmt_ms(r->ttl_ms, a, sizeof a);
 		cfg_fmt_ms(r->lease_ms, b, sizeof b);
@@ -1407,6 +1637,9 @@ static void cfg_tenant_text(const route_cfg *r, char *buf, size_t n)
 	case TENANT_AUTHORIZATION:
 		snprintf(buf, n, "authorization");
 		break;
+	case TENANT_JWT:
+		snprintf(buf, n, "jwt:%s", r->tenant_arg);
+		break;
 	}
 }
 
@@ -1429,12 +1662,17 @@ void config_print_routes(const config *c, FILE *out)
 		cfg_tenant_text(r, tenant, sizeof tenant);
 		cfg_fmt_ms(r->ttl_ms, ttl, sizeof ttl);
 		cfg_fmt_ms(r->lease_ms, lease, sizeof lease);
+		ip_buf from = {0};
+		for (size_t j = 0; !r->key_from.bare && j < r->key_from.n; j++)
+			ip_buf_printf(&from, "%s%s", j ? "," : " key_from=",
+				      r->key_from.v[j].spec);
 		fprintf(out,
-			"%-*s  %-*s  -> %s  methods=%s key=%s tenant=%s "
+			"%-*s  %-*s  -> %s  methods=%s key=%s%s tenant=%s "
 			"ttl=%s lease=%s\n",
 			wname, r->name, wpath, r->path, r->upstream, m.data,
-			r->key_required ? "required" : "optional", tenant,
-			ttl, lease);
+			r->key_required ? "required" : "optional",
+			from.data ? from.data : "", tenant, ttl, lease);
+		ip_buf_free(&from);
 		ip_buf_free(&m);
 	}
 }

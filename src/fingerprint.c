@@ -128,23 +128,46 @@ static int dump_to_buf(const char *data, size_t size, void *arg)
 	return 0;
 }
 
-int fp_canon_json(const char *in, size_t len, ip_buf *out)
+/* The document, if it canonicalises at all. */
+static json_t *canon_load(const char *in, size_t len)
 {
 	json_error_t jerr;
 	json_t *doc;
 
-	if (in == NULL || out == NULL)
-		return -1;
+	if (in == NULL)
+		return NULL;
 	/* jansson's parser stops at JSON_PARSER_MAX_DEPTH (2048) nesting
 	 * levels, so a hostile "[[[[..." fails here instead of recursing
 	 * without bound; the dump below then only sees bounded depth. */
 	doc = json_loadb(in, len, FP_LOAD_FLAGS, &jerr);
 	if (doc == NULL)
-		return -1;
+		return NULL;
 	if (!numbers_are_exact(in, len)) {
 		json_decref(doc);
-		return -1;
+		return NULL;
 	}
+	return doc;
+}
+
+/* Appends the canonical form of a value; -1 (out untouched) on failure. */
+static int canon_dump(const json_t *v, ip_buf *out)
+{
+	size_t mark = out->len;
+	if (json_dump_callback(v, dump_to_buf, out, FP_DUMP_FLAGS) == 0)
+		return 0;
+	out->len = mark;
+	if (out->data)
+		out->data[mark] = '\0';
+	return -1;
+}
+
+int fp_canon_json(const char *in, size_t len, ip_buf *out)
+{
+	if (out == NULL)
+		return -1;
+	json_t *doc = canon_load(in, len);
+	if (doc == NULL)
+		return -1;
 	size_t mark = out->len;
 	int rc = json_dump_callback(doc, dump_to_buf, out, FP_DUMP_FLAGS);
 	json_decref(doc);
@@ -304,13 +327,136 @@ static void put_marker(EVP_MD_CTX *ctx, uint8_t m)
 	put_bytes(ctx, &m, 1);
 }
 
-enum { FP_ABSENT = 0, FP_PRESENT = 1, FP_BODY_RAW = 2, FP_BODY_CANON = 3 };
+/* A body read through fingerprint_ignore or fingerprint_only has markers
+ * of its own, so it never hashes like a whole body. */
+enum {
+	FP_ABSENT = 0,
+	FP_PRESENT = 1,
+	FP_BODY_RAW = 2,
+	FP_BODY_CANON = 3,
+	FP_BODY_IGNORING = 4,
+	FP_BODY_ONLY = 5,
+};
+
+/* fingerprint_only: each pointer's value, canonical, or its absence. */
+static void put_only(EVP_MD_CTX *ctx, const fp_input *in, json_t *doc)
+{
+	ip_buf v = {0};
+	put_marker(ctx, FP_BODY_ONLY);
+	put_len(ctx, in->n_only);
+	for (size_t i = 0; i < in->n_only; i++) {
+		json_t *x = jsonptr_get(in->only[i], doc);
+		ip_buf_reset(&v);
+		if (x == NULL || canon_dump(x, &v) < 0) {
+			put_marker(ctx, FP_ABSENT);
+			continue;
+		}
+		put_marker(ctx, FP_PRESENT);
+		put_field(ctx, v.data, v.len);
+	}
+	ip_buf_free(&v);
+}
+
+/* The number check of canon_load looks at the whole text; here only the
+ * values that count may make a body hash whole. An ignored value is
+ * blanked out of a copy of the text (its first byte a 0, the rest spaces:
+ * the document keeps its shape), so an ignored timestamp with 16 digits
+ * does not make a retry a mismatch. Spans inside an earlier one are
+ * skipped (their ancestor is blanked already). */
+static char *blank_ignored(const fp_input *in, const char *body, size_t len)
+{
+	char *copy = xmalloc(len + 1);
+	memcpy(copy, body, len);
+	copy[len] = '\0';
+	size_t *start = xcalloc(in->n_ignore + 1, sizeof *start);
+	size_t *end = xcalloc(in->n_ignore + 1, sizeof *end);
+	size_t k = 0;
+	for (size_t i = 0; i < in->n_ignore; i++) {
+		const char *v;
+		size_t n;
+		if (in->ignore[i]->n == 0 ||
+		    jsonptr_locate(in->ignore[i], body, len, &v, &n) !=
+			    JSONPTR_FOUND || n == 0)
+			continue;
+		start[k] = (size_t)(v - body);
+		end[k++] = (size_t)(v - body) + n;
+	}
+	for (size_t i = 0; i < k; i++) {
+		bool inside = false;
+		for (size_t j = 0; j < k; j++)
+			inside = inside ||
+				 (j != i && start[j] <= start[i] &&
+				  end[i] <= end[j] &&
+				  (start[j] < start[i] || end[i] < end[j] ||
+				   j < i));
+		if (inside)
+			continue;
+		copy[start[i]] = '0';
+		memset(copy + start[i] + 1, ' ', end[i] - start[i] - 1);
+	}
+	free(start);
+	free(end);
+	return copy;
+}
+
+/* fingerprint_only: a selected value with an inexact number is not read. */
+static bool only_exact(const fp_input *in, const char *body, size_t len)
+{
+	for (size_t i = 0; i < in->n_only; i++) {
+		const char *v;
+		size_t n;
+		if (jsonptr_locate(in->only[i], body, len, &v, &n) ==
+			    JSONPTR_FOUND &&
+		    !numbers_are_exact(v, n))
+			return false;
+	}
+	return true;
+}
+
+/* A JSON body seen through the route's ignore or only list. False when
+ * the body does not canonicalise: it is then hashed whole. */
+static bool put_selected(EVP_MD_CTX *ctx, const fp_input *in,
+			 const char *body, size_t len)
+{
+	json_error_t jerr;
+	json_t *doc = json_loadb(body, len, FP_LOAD_FLAGS, &jerr);
+	if (doc == NULL)
+		return false;
+	if (in->n_only) {
+		bool ok = only_exact(in, body, len);
+		if (ok)
+			put_only(ctx, in, doc);
+		json_decref(doc);
+		return ok;
+	}
+	json_decref(doc);
+	char *copy = blank_ignored(in, body, len);
+	doc = numbers_are_exact(copy, len) ? json_loadb(copy, len,
+							 FP_LOAD_FLAGS, &jerr)
+					   : NULL;
+	free(copy);
+	if (doc == NULL)
+		return false;
+	ip_buf canon = {0};
+	jsonptr_remove_all(in->ignore, in->n_ignore, doc);
+	bool ok = canon_dump(doc, &canon) == 0;
+	if (ok) {
+		put_marker(ctx, FP_BODY_IGNORING);
+		put_field(ctx, canon.data, canon.len);
+	}
+	ip_buf_free(&canon);
+	json_decref(doc);
+	return ok;
+}
 
 static void put_body(EVP_MD_CTX *ctx, const fp_input *in, bool json)
 {
 	const char *body = in->body ? in->body : "";
 	size_t len = in->body ? in->body_len : 0;
 
+	if (json && (in->n_ignore || in->n_only) &&
+	    put_selected(ctx, in, body, len))
+		return;
 	if (json) {
 		ip_buf canon = { 0 };
 		if (fp_canon_json(body, len, &canon) == 0) {

@@ -58,6 +58,45 @@ void idem_canonical_credentials(const char *v, ip_buf *out)
 	}
 }
 
+/* A jwt: tenant is a claim of the bearer token, once the token is verified
+ * against the route's keys. The token itself is neither stored nor put in
+ * any message. */
+static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
+			    int64_t now_ms, idem_plan *p)
+{
+	if (header_list_count(h, "Authorization") > 1) {
+		reject(p, 400, "bad_request", "rejected",
+		       "send exactly one Authorization header");
+		return false;
+	}
+	const char *auth = header_list_get(h, "Authorization");
+	ip_buf cred = {0};
+	if (auth)
+		idem_canonical_credentials(auth, &cred);
+	if (cred.len <= 7 || strncmp(cred.data, "Bearer ", 7) != 0) {
+		ip_buf_free(&cred);
+		reject(p, 401, "credentials_missing", "rejected",
+		       "this route needs an Authorization: Bearer JWT header");
+		return false;
+	}
+	char value[IDEM_TENANT_MAX + 1], detail[160];
+	enum jwt_result jr =
+		jwt_verify(r->jwt, cred.data + 7, cred.len - 7, now_ms,
+			   r->tenant_arg, value, sizeof value, detail,
+			   sizeof detail);
+	ip_buf_free(&cred);
+	if (jr == JWT_INVALID) {
+		reject(p, 401, "credentials_invalid", "rejected", detail);
+		return false;
+	}
+	if (jr == JWT_NO_CLAIM) {
+		reject(p, 401, "tenant_missing", "rejected", detail);
+		return false;
+	}
+	snprintf(p->tenant, sizeof p->tenant, "jwt:%s", value);
+	return true;
+}
+
 /* Fills p->tenant, or rejects. Returns false on rejection. The tenant
  * names its source, so that a header value or a credential's hash can never
  * be read as a static tenant's records (or the other way round) after the
@@ -65,7 +104,7 @@ void idem_canonical_credentials(const char *v, ip_buf *out)
  * cannot contain ':', the others with a "header:" or "authorization:"
  * prefix. */
 static bool plan_tenant(const route_cfg *r, const header_list *h,
-			idem_plan *p)
+			int64_t now_ms, idem_plan *p)
 {
 	if (r->tenant_kind == TENANT_STATIC) {
 		snprintf(p->tenant, sizeof p->tenant, "%s", r->tenant_arg);
@@ -93,6 +132,8 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 		snprintf(p->tenant, sizeof p->tenant, "header:%s", v);
 		return true;
 	}
+	if (r->tenant_kind == TENANT_JWT)
+		return plan_jwt_tenant(r, h, now_ms, p);
 	/* The upstream authenticates with every Authorization it gets: the
 	 * tenant must come from the only one there is. */
 	if (header_list_count(h, "Authorization") > 1) {
@@ -147,17 +188,56 @@ void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1])
 	out[o] = '\0';
 }
 
-void idem_plan_request(const config *cfg, const char *method,
-		       const char *path, size_t path_len,
-		       const header_list *headers, idem_plan *p)
+/* Fills p->key (and p->key_header), or rejects, or passes an optional
+ * key's request through. Returns true when the plan goes on. */
+static bool plan_key(const route_cfg *r, const idem_request *rq,
+		     idem_plan *p)
+{
+	const char *q = rq->target + rq->path_len;
+	keyparts_request kr = {
+		.headers = rq->headers,
+		.query = *q == '?' ? q + 1 : NULL,
+		.query_len = *q == '?' ? strlen(q + 1) : 0,
+		.content_type = header_list_get(rq->headers, "Content-Type"),
+		.body = rq->body,
+		.body_len = rq->body_len,
+	};
+	keyparts_key *k = xmalloc(sizeof *k);
+	enum keyparts_result res = keyparts_key_of(&r->key_from, &kr, k);
+	bool go = false;
+	if (res == KEYPARTS_NONE && !r->key_required) {
+		p->action = IDEM_PASSTHROUGH;
+		p->outcome = "passthrough";
+	} else if (res == KEYPARTS_NONE && r->key_from.bare) {
+		reject(p, 400, "idempotency_key_missing", "key_missing",
+		       "this operation needs an Idempotency-Key header");
+	} else if (res == KEYPARTS_NONE || res == KEYPARTS_MISSING) {
+		reject(p, 400, "idempotency_key_missing", "key_missing",
+		       k->detail);
+	} else if (res == KEYPARTS_INVALID) {
+		reject(p, 400, "idempotency_key_invalid", "key_invalid",
+		       k->detail);
+	} else {
+		snprintf(p->key, sizeof p->key, "%s", k->key);
+		if (k->idkey[0])
+			idem_key_header(k->idkey, p->key_header);
+		go = true;
+	}
+	free(k);
+	return go;
+}
+
+void idem_plan_request(const config *cfg, const idem_request *rq,
+		       idem_plan *p)
 {
 	memset(p, 0, sizeof *p);
 	/* Routed on the normalised path, forwarded as sent: every spelling of
 	 * a path is governed by the route of that path. */
-	char *norm = xmalloc(path_len + 1);
+	char *norm = xmalloc(rq->path_len + 1);
 	size_t nlen;
 	const char *pwhy;
-	if (pathtpl_normalize(path, path_len, norm, &nlen, &pwhy) < 0) {
+	if (pathtpl_normalize(rq->target, rq->path_len, norm, &nlen, &pwhy) <
+	    0) {
 		free(norm);
 		char d[160];
 		snprintf(d, sizeof d, "the path is refused: %s", pwhy);
@@ -172,38 +252,15 @@ void idem_plan_request(const config *cfg, const char *method,
 		       "no route matches this path");
 		return;
 	}
-	if (!route_has_method(r, method)) {
+	if (!route_has_method(r, rq->method)) {
 		p->action = IDEM_PASSTHROUGH;
 		p->outcome = "passthrough";
 		return;
 	}
-	size_t nkeys = header_list_count(headers, "Idempotency-Key");
-	if (nkeys == 0) {
-		if (!r->key_required) {
-			p->action = IDEM_PASSTHROUGH;
-			p->outcome = "passthrough";
-			return;
-		}
-		reject(p, 400, "idempotency_key_missing", "key_missing",
-		       "this operation needs an Idempotency-Key header");
+	if (!plan_key(r, rq, p))
 		return;
-	}
-	if (nkeys > 1) {
-		reject(p, 400, "idempotency_key_invalid", "key_invalid",
-		       "send exactly one Idempotency-Key header");
+	if (!plan_tenant(r, rq->headers, rq->now_ms, p))
 		return;
-	}
-	const char *v = header_list_get(headers, "Idempotency-Key");
-	size_t klen;
-	const char *why = NULL;
-	if (idkey_parse(v, strlen(v), p->key, &klen, &why) != 0) {
-		reject(p, 400, "idempotency_key_invalid", "key_invalid",
-		       why ? why : "malformed Idempotency-Key");
-		return;
-	}
-	if (!plan_tenant(r, headers, p))
-		return;
-	idem_key_header(p->key, p->key_header);
 	p->action = IDEM_CLAIM;
 	p->outcome = NULL;
 }

@@ -134,17 +134,18 @@ static bool named_in_connection(const header_list *h, const char *name)
 	return false;
 }
 
-/* The headers the decision was made on: the key, the tenant's header and
- * the credential. A client cannot make them hop-by-hop by naming them in
- * Connection: the upstream must see what was claimed. */
+/* The headers the decision was made on: the key and its parts, the
+ * tenant's header and the credential. A client cannot make them hop-by-hop
+ * by naming them in Connection: the upstream must see what was claimed. */
 static bool is_identity_header(const job *j, const char *name)
 {
 	if (ip_strcaseeq(name, "Idempotency-Key") ||
 	    ip_strcaseeq(name, "Authorization"))
 		return true;
 	const route_cfg *r = j->plan ? j->plan->route : NULL;
-	return r && r->tenant_kind == TENANT_HEADER &&
-	       ip_strcaseeq(name, r->tenant_arg);
+	return r && ((r->tenant_kind == TENANT_HEADER &&
+		      ip_strcaseeq(name, r->tenant_arg)) ||
+		     keyparts_uses_header(&r->key_from, name));
 }
 
 static void build_upstream_headers(const job *j, header_list *out)
@@ -171,7 +172,8 @@ static void build_upstream_headers(const job *j, header_list *out)
 			continue;
 		/* Every attempt carries the key as it was claimed, in one
 		 * spelling, whatever spelling this attempt's client used. */
-		if (claimed && ip_strcaseeq(h->name, "Idempotency-Key")) {
+		if (claimed && j->plan->key_header[0] &&
+		    ip_strcaseeq(h->name, "Idempotency-Key")) {
 			const char *k = j->plan->key_header;
 			header_list_add(out, h->name, strlen(h->name), k,
 					strlen(k));
@@ -296,6 +298,10 @@ static void compute_fingerprint(const job *j, const route_cfg *r,
 		.header_values = values,
 		.body = j->body.data ? j->body.data : "",
 		.body_len = j->body.len,
+		.ignore = r->fp_ignore,
+		.n_ignore = r->n_fp_ignore,
+		.only = r->fp_only,
+		.n_only = r->n_fp_only,
 	};
 	fp_compute(&in, out);
 	free(values);
@@ -712,8 +718,16 @@ static const idem_plan *plan_job(job *j)
 {
 	if (!j->plan) {
 		j->plan = xmalloc(sizeof *j->plan);
-		idem_plan_request(j->cfg, j->method, j->target, j->path_len,
-				  &j->req_headers, j->plan);
+		idem_request rq = {
+			.method = j->method,
+			.target = j->target,
+			.path_len = j->path_len,
+			.headers = &j->req_headers,
+			.body = j->body.data ? j->body.data : "",
+			.body_len = j->body.len,
+			.now_ms = ip_wall_ms(),
+		};
+		idem_plan_request(j->cfg, &rq, j->plan);
 		j->route_name = j->plan->route ? j->plan->route->name : NULL;
 		if (j->plan->action == IDEM_CLAIM) {
 			j->key = xstrdup(j->plan->key);
@@ -726,6 +740,10 @@ static const idem_plan *plan_job(job *j)
 bool proxy_fast_path(void *arg, job *j)
 {
 	const proxy_shared *sh = arg;
+	/* Planning reads a body: key parts, and it is also where a large
+	 * one would stall every connection on the event thread. */
+	if (j->body.len > FAST_PATH_MAX_BODY)
+		return false;
 	const idem_plan *p = plan_job(j);
 	if (p->action == IDEM_REJECT) {
 		j->outcome = p->outcome;
@@ -736,8 +754,7 @@ bool proxy_fast_path(void *arg, job *j)
 	/* Canonicalising a large JSON body would stall every connection on
 	 * the event thread: leave those to a worker. */
 	if (p->action != IDEM_CLAIM || !sh->cache ||
-	    !replay_cache_enabled(sh->cache) ||
-	    j->body.len > FAST_PATH_MAX_BODY)
+	    !replay_cache_enabled(sh->cache))
 		return false;
 	compute_fingerprint(j, p->route, j->fp);
 	j->has_fp = true;

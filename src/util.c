@@ -141,6 +141,13 @@ double ip_now_ms(void)
 	return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
+int64_t ip_wall_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 void ip_hex(const uint8_t *in, size_t n, char *out)
 {
 	static const char digits[] = "0123456789abcdef";

@@ -128,7 +128,14 @@ static void test_example_conf(void **state)
 		fail_msg("%s", err);
 	assert_string_equal(c->file, EXAMPLE_CONF);
 	assert_top_defaults(c);
-	assert_int_equal(c->n_routes, 3);
+	assert_int_equal(c->n_routes, 6);
+	assert_string_equal(c->routes[3].name, "psp_webhook");
+	assert_int_equal(c->routes[3].key_from.n, 1);
+	assert_int_equal(c->routes[3].key_from.v[0].source, KP_BODY);
+	assert_string_equal(c->routes[5].name, "order_transition");
+	assert_int_equal(c->routes[5].key_from.n, 2);
+	assert_int_equal(c->routes[5].n_fp_ignore, 1);
+	assert_true(c->routes[0].key_from.bare);
 	assert_string_equal(c->routes[0].name, "create_payment");
 	assert_string_equal(c->routes[0].path, "/v1/payments");
 	assert_string_equal(c->routes[0].upstream, "http://127.0.0.1:9000");
@@ -533,10 +540,115 @@ static void test_error_tenant(void **state)
 	assert_route_error("tenant = \"static:header:x\";", 4,
 			   "static tenant \"header:x\" may not contain ':'");
 	assert_route_error("tenant = \"Authorization\";", 4,
-			   "must be \"static:NAME\", \"header:NAME\" or "
-			   "\"authorization\"");
+			   "must be \"static:NAME\", \"header:NAME\", "
+			   "\"authorization\" or \"jwt:CLAIM\"");
 	assert_route_error("tenant = \"cookie:sid\";", 4,
 			   "must be \"static:NAME\"");
+}
+
+static void test_error_key_from(void **state)
+{
+	(void)state;
+	assert_route_error("key_from = [];", 4, "key_from: must name at least "
+			   "one part");
+	assert_route_error("key_from = [\"cookie:sid\"];", 4,
+			   "key_from: \"cookie:sid\" must be \"header:NAME\"");
+	assert_route_error("key_from = [\"body:order/id\"];", 4,
+			   "bad JSON pointer: must be empty or start with '/'");
+	assert_route_error("key_from = [\"body:/a~2\"];", 4,
+			   "'~' must be followed by 0 or 1");
+	assert_route_error("key_from = [\"header:X\", \"header:x\"];", 4,
+			   "\"header:x\" is listed twice");
+	assert_route_error("key_from = \"header:X\";", 4, "must be a list");
+}
+
+static void test_error_fingerprint_pointers(void **state)
+{
+	(void)state;
+	assert_route_error("fingerprint_ignore = [\"sent_at\"];", 4,
+			   "fingerprint_ignore: \"sent_at\": must be empty or "
+			   "start with '/'");
+	assert_route_error("fingerprint_only = [\"\"];", 4,
+			   "\"\" is the whole body");
+	assert_route_error("fingerprint_ignore = [\"/a\"];\n"
+			   "    fingerprint_only = [\"/b\"];",
+			   5, "set fingerprint_ignore or fingerprint_only, "
+			      "not both");
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+#define JWKS_PATH "/tmp/idemproxy-test-jwks.json"
+#define JWKS_OCT "{\"keys\":[{\"kty\":\"oct\",\"kid\":\"h\"," \
+		 "\"k\":\"MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY\"}]}"
+#define JWT_GROUP(extra)                                                      \
+	"jwt = { keys = \"" JWKS_PATH "\"; issuer = \"i\"; "                 \
+	"audience = \"a\"; " extra " };"
+
+static void test_error_jwt(void **state)
+{
+	(void)state;
+	write_file(JWKS_PATH, JWKS_OCT);
+	assert_route_error("tenant = \"jwt:sub\";", 4,
+			   "tenant \"jwt:sub\" needs a jwt = {");
+	assert_route_error("tenant = \"jwt:sub\"; "
+			   JWT_GROUP("algorithms = [\"none\"];"), 4,
+			   "\"none\" would accept unsigned tokens");
+	assert_route_error(JWT_GROUP("algorithms = [\"RS512\"];"), 4,
+			   "\"RS512\" must be \"RS256\"");
+	assert_route_error(JWT_GROUP("algorithms = [];"), 4,
+			   "name at least one algorithm");
+	assert_route_error(JWT_GROUP(""), 4,
+			   "missing required setting \"algorithms\"");
+	assert_route_error("jwt = { keys = \"" JWKS_PATH "\"; "
+			   "algorithms = [\"HS256\"]; audience = \"a\"; };",
+			   4, "missing required setting \"issuer\"");
+	assert_route_error(JWT_GROUP("algorithms = [\"HS256\"]; "
+				     "leeway = \"1h\";"), 4,
+			   "leeway: must be a duration of at most 5m");
+	assert_route_error(JWT_GROUP("algorithms = [\"HS256\"]; x = 1;"), 4,
+			   "unknown setting \"x\"");
+	assert_route_error("jwt = { keys = \"/nonexistent/jwks\"; "
+			   "issuer = \"i\"; audience = \"a\"; "
+			   "algorithms = [\"HS256\"]; };",
+			   4, "keys: cannot read /nonexistent/jwks");
+	write_file(JWKS_PATH, "{\"keys\": [{\"kty\":\"oct\",\"k\":\"AAAA\"}]}");
+	assert_route_error(JWT_GROUP("algorithms = [\"HS256\"];"), 4,
+			   "key 1: an HS256 secret of 3 bytes");
+	unlink(JWKS_PATH);
+}
+
+/* A jwt group in defaults serves every route that names a jwt tenant. */
+static void test_jwt_tenant_loads(void **state)
+{
+	(void)state;
+	write_file(JWKS_PATH, JWKS_OCT);
+	config *c = load_text(
+		"defaults = { " JWT_GROUP("algorithms = [\"HS256\"];") " };\n"
+		"routes = ( { name = \"r\"; path = \"/r\"; "
+		"upstream = \"http://h\"; tenant = \"jwt:org\"; "
+		"key_from = [\"body:/order\", \"header:Idempotency-Key\"]; "
+		"fingerprint_ignore = [\"/sent_at\"]; } );\n");
+	unlink(JWKS_PATH);
+	if (!c)
+		fail_msg("%s", err);
+	const route_cfg *r = &c->routes[0];
+	assert_int_equal(r->tenant_kind, TENANT_JWT);
+	assert_string_equal(r->tenant_arg, "org");
+	assert_non_null(r->jwt);
+	assert_int_equal(r->jwt->algs, JWT_HS256);
+	assert_int_equal(r->jwt->leeway_ms, 30000);
+	assert_int_equal(jwt_keyset_count(r->jwt->keys), 1);
+	assert_int_equal(r->key_from.n, 2);
+	assert_false(r->key_from.bare);
+	assert_int_equal(r->n_fp_ignore, 1);
+	config_unref(c);
 }
 
 static void test_error_statuses(void **state)
@@ -926,6 +1038,10 @@ int main(void)
 		T(test_error_upstream_url),
 		T(test_error_path_template),
 		T(test_error_tenant),
+		T(test_error_key_from),
+		T(test_error_fingerprint_pointers),
+		T(test_error_jwt),
+		T(test_jwt_tenant_loads),
 		T(test_error_statuses),
 		T(test_error_methods),
 		T(test_error_enums),

@@ -296,6 +296,78 @@ static void assert_differ(const fp_input *a, const fp_input *b)
 	assert_memory_not_equal(x, y, FP_LEN);
 }
 
+static jsonptr *ptr(const char *s)
+{
+	char why[128];
+	jsonptr *p = jsonptr_parse(s, strlen(s), why, sizeof why);
+	assert_non_null(p);
+	return p;
+}
+
+/* fingerprint_ignore: a difference in an ignored value is no difference;
+ * one in a kept value is; key order and whitespace still never matter. */
+static void test_fp_ignore(void **state)
+{
+	(void)state;
+	jsonptr *ign[] = {ptr("/sent_at"), ptr("/meta/trace"), ptr("/nope")};
+	fp_input a = base(), b = base();
+	a.ignore = b.ignore = ign;
+	a.n_ignore = b.n_ignore = 3;
+	with_body(&a, "{\"amount\":5,\"sent_at\":\"10:00\","
+		      "\"meta\":{\"trace\":1,\"x\":2}}");
+	with_body(&b, "{ \"meta\" : {\"x\":2, \"trace\":9},"
+		      " \"sent_at\":\"10:05\", \"amount\" : 5 }");
+	assert_same(&a, &b);
+	/* An ignored value with more digits than a double keeps. */
+	with_body(&b, "{\"amount\":5,\"sent_at\":1717171717.1234567891,"
+		      "\"meta\":{\"trace\":1,\"x\":2}}");
+	assert_same(&a, &b);
+	with_body(&b, "{\"amount\":6,\"sent_at\":\"10:00\","
+		      "\"meta\":{\"trace\":1,\"x\":2}}");
+	assert_differ(&a, &b);
+	/* Absent and ignored are the same payload. */
+	with_body(&b, "{\"amount\":5,\"meta\":{\"x\":2}}");
+	assert_same(&a, &b);
+	/* Not the same as the whole body without an ignore list. */
+	fp_input c = a;
+	c.n_ignore = 0;
+	with_body(&c, "{\"amount\":5,\"meta\":{\"x\":2}}");
+	assert_differ(&a, &c);
+	/* A kept number beyond 15 digits: the body is hashed whole. */
+	with_body(&a, "{\"amount\":1.0000000000000001,\"sent_at\":1}");
+	with_body(&b, "{\"amount\":1.0000000000000001,\"sent_at\":2}");
+	assert_differ(&a, &b);
+	for (size_t i = 0; i < 3; i++)
+		jsonptr_free(ign[i]);
+}
+
+/* fingerprint_only: only the named values make the payload. */
+static void test_fp_only(void **state)
+{
+	(void)state;
+	jsonptr *only[] = {ptr("/amount"), ptr("/currency")};
+	fp_input a = base(), b = base();
+	a.only = b.only = only;
+	a.n_only = b.n_only = 2;
+	with_body(&a, "{\"amount\":{\"v\":1,\"u\":2},\"currency\":\"EUR\","
+		      "\"note\":\"a\"}");
+	with_body(&b, "{\"note\":\"b\",\"currency\":\"EUR\","
+		      "\"amount\":{\"u\":2, \"v\":1}}");
+	assert_same(&a, &b);
+	with_body(&b, "{\"currency\":\"USD\",\"amount\":{\"u\":2,\"v\":1}}");
+	assert_differ(&a, &b);
+	/* Absent differs from present, and the values keep their places. */
+	with_body(&a, "{\"amount\":\"EUR\"}");
+	with_body(&b, "{\"currency\":\"EUR\"}");
+	assert_differ(&a, &b);
+	/* Not JSON: the whole body counts. */
+	with_body(&a, "amount=1&note=a");
+	with_body(&b, "amount=1&note=b");
+	assert_differ(&a, &b);
+	jsonptr_free(only[0]);
+	jsonptr_free(only[1]);
+}
+
 static void test_fp_deterministic(void **state)
 {
 	fp_input a = base();
@@ -583,6 +655,8 @@ int main(void)
 		cmocka_unit_test(test_fp_headers),
 		cmocka_unit_test(test_fp_known_answer),
 		cmocka_unit_test(test_fp_threads),
+		cmocka_unit_test(test_fp_ignore),
+		cmocka_unit_test(test_fp_only),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -63,7 +63,8 @@ static void plan(idem_plan *p, const char *path, ...)
 		header_list_add(&h, n, strlen(n), v, strlen(v));
 	}
 	va_end(ap);
-	idem_plan_request(cfg, "POST", path, strlen(path), &h, p);
+	idem_request rq = {"POST", path, strlen(path), &h, "", 0, 0};
+	idem_plan_request(cfg, &rq, p);
 	header_list_free(&h);
 }
 

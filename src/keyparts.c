@@ -1,0 +1,415 @@
+/* The key of a request from its parts (`key_from`).
+ *
+ * Each part's value obeys the rules of the Idempotency-Key header (1-255
+ * characters of visible ASCII or space), so a joined key is as safe to log,
+ * store and put in an admin URL as a header key. The parts are joined as
+ * netstrings, each length-prefixed, so that no two different lists of
+ * values join to the same key. */
+#include "keyparts.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fingerprint.h"
+#include "job.h"
+
+#define KP_WHY(why, whylen, ...) (snprintf(why, whylen, __VA_ARGS__), -1)
+
+static bool is_tchar(unsigned char c)
+{
+	return isalnum(c) || (c != 0 && strchr("!#$%&'*+-.^_`|~", c));
+}
+
+static bool is_token(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (!is_tchar((unsigned char)*s))
+			return false;
+	return true;
+}
+
+static bool visible(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x21 || (unsigned char)*s > 0x7e)
+			return false;
+	return true;
+}
+
+int keyparts_parse_part(const char *spec, keypart *out, char *why,
+			size_t whylen)
+{
+	memset(out, 0, sizeof *out);
+	if (strncmp(spec, "header:", 7) == 0) {
+		if (!is_token(spec + 7))
+			return KP_WHY(why, whylen,
+				      "\"%s\": \"%s\" is not a header name",
+				      spec, spec + 7);
+		out->source = KP_HEADER;
+		out->name = xstrdup(spec + 7);
+		out->idkey = ip_strcaseeq(out->name, "Idempotency-Key");
+	} else if (strncmp(spec, "query:", 6) == 0) {
+		if (!visible(spec + 6))
+			return KP_WHY(why, whylen,
+				      "\"%s\" needs a parameter name of "
+				      "visible ASCII after ':'",
+				      spec);
+		out->source = KP_QUERY;
+		out->name = xstrdup(spec + 6);
+	} else if (strncmp(spec, "body:", 5) == 0) {
+		char pwhy[128];
+		out->ptr = jsonptr_parse(spec + 5, strlen(spec + 5), pwhy,
+					 sizeof pwhy);
+		if (!out->ptr)
+			return KP_WHY(why, whylen,
+				      "\"%s\": bad JSON pointer: %s", spec,
+				      pwhy);
+		out->source = KP_BODY;
+	} else {
+		return KP_WHY(why, whylen,
+			      "\"%s\" must be \"header:NAME\", \"query:NAME\" "
+			      "or \"body:/json/pointer\"",
+			      spec);
+	}
+	out->spec = xstrdup(spec);
+	return 0;
+}
+
+static void part_free(keypart *p)
+{
+	free(p->spec);
+	free(p->name);
+	jsonptr_free(p->ptr);
+}
+
+static bool same_part(const keypart *a, const keypart *b)
+{
+	if (a->source != b->source)
+		return false;
+	if (a->source == KP_HEADER)
+		return ip_strcaseeq(a->name, b->name);
+	if (a->source == KP_QUERY)
+		return strcmp(a->name, b->name) == 0;
+	return strcmp(a->ptr->text, b->ptr->text) == 0;
+}
+
+int keyparts_add(keyparts *kp, keypart *part, char *why, size_t whylen)
+{
+	int rc = 0;
+	if (kp->n == KEYPARTS_MAX)
+		rc = KP_WHY(why, whylen, "at most %d parts", KEYPARTS_MAX);
+	for (size_t i = 0; rc == 0 && i < kp->n; i++)
+		if (same_part(&kp->v[i], part))
+			rc = KP_WHY(why, whylen, "\"%s\" is listed twice",
+				    part->spec);
+	if (rc) {
+		part_free(part);
+		return -1;
+	}
+	kp->v = xrealloc(kp->v, (kp->n + 1) * sizeof *kp->v);
+	kp->v[kp->n++] = *part;
+	kp->bare = kp->n == 1 && kp->v[0].idkey;
+	kp->needs_body = kp->needs_body || part->source == KP_BODY;
+	return 0;
+}
+
+void keyparts_free(keyparts *kp)
+{
+	if (!kp)
+		return;
+	for (size_t i = 0; i < kp->n; i++)
+		part_free(&kp->v[i]);
+	free(kp->v);
+	kp->v = NULL;
+	kp->n = 0;
+}
+
+bool keyparts_uses_header(const keyparts *kp, const char *name)
+{
+	for (size_t i = 0; kp && i < kp->n; i++)
+		if (kp->v[i].source == KP_HEADER &&
+		    ip_strcaseeq(kp->v[i].name, name))
+			return true;
+	return false;
+}
+
+/* ---- values ---------------------------------------------------------- */
+
+/* The same rules as the header's key. */
+static const char *value_problem(const char *v, size_t n)
+{
+	if (n == 0)
+		return "is empty";
+	if (n > IDKEY_MAX)
+		return "is longer than 255 characters";
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] > 0x7e)
+			return "contains a control character or non-ASCII "
+			       "byte";
+	return NULL;
+}
+
+static enum keyparts_result missing(keyparts_key *out, const keypart *p,
+				    const char *why)
+{
+	snprintf(out->detail, sizeof out->detail, "the key part %s %s",
+		 p->spec, why);
+	return KEYPARTS_MISSING;
+}
+
+static enum keyparts_result invalid(keyparts_key *out, const keypart *p,
+				    const char *why)
+{
+	snprintf(out->detail, sizeof out->detail, "the key part %s %s",
+		 p->spec, why);
+	return KEYPARTS_INVALID;
+}
+
+static enum keyparts_result check_value(keyparts_key *out, const keypart *p,
+					const char *v, size_t n)
+{
+	const char *why = value_problem(v, n);
+	return why ? invalid(out, p, why) : KEYPARTS_OK;
+}
+
+static enum keyparts_result header_part(const keypart *p,
+					const keyparts_request *rq,
+					keyparts_key *out, ip_buf *val)
+{
+	size_t count = header_list_count(rq->headers, p->name);
+	const char *v = header_list_get(rq->headers, p->name);
+	if (count == 0)
+		return missing(out, p, "is missing: send the header");
+	if (count > 1 && p->idkey) {
+		snprintf(out->detail, sizeof out->detail,
+			 "send exactly one Idempotency-Key header");
+		return KEYPARTS_INVALID;
+	}
+	if (count > 1)
+		return invalid(out, p, "is sent more than once");
+	if (!p->idkey) {
+		ip_buf_puts(val, v);
+		return check_value(out, p, v, strlen(v));
+	}
+	size_t klen;
+	const char *why = NULL;
+	if (idkey_parse(v, strlen(v), out->idkey, &klen, &why) != 0) {
+		snprintf(out->detail, sizeof out->detail, "%s",
+			 why ? why : "malformed Idempotency-Key");
+		out->idkey[0] = '\0';
+		return KEYPARTS_INVALID;
+	}
+	ip_buf_append(val, out->idkey, klen);
+	return KEYPARTS_OK;
+}
+
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	c = (char)tolower((unsigned char)c);
+	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* application/x-www-form-urlencoded: '+' is a space, %XX a byte. */
+static int form_decode(const char *s, size_t n, ip_buf *out)
+{
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (c == '%') {
+			if (i + 2 >= n)
+				return -1;
+			int a = hexval(s[i + 1]), b = hexval(s[i + 2]);
+			if (a < 0 || b < 0)
+				return -1;
+			c = (char)(a * 16 + b);
+			i += 2;
+		} else if (c == '+') {
+			c = ' ';
+		}
+		ip_buf_append(out, &c, 1);
+	}
+	return 0;
+}
+
+static enum keyparts_result query_part(const keypart *p,
+				       const keyparts_request *rq,
+				       keyparts_key *out, ip_buf *val)
+{
+	const char *s = rq->query ? rq->query : "";
+	size_t n = rq->query ? rq->query_len : 0, found = 0;
+	bool bad = false;
+	for (size_t i = 0; i <= n && n > 0;) {
+		const char *amp = memchr(s + i, '&', n - i);
+		size_t e = amp ? (size_t)(amp - s) : n;
+		const char *eq = memchr(s + i, '=', e - i);
+		size_t ne = eq ? (size_t)(eq - s) : e;
+		ip_buf name = {0};
+		if (form_decode(s + i, ne - i, &name) == 0 && name.len &&
+		    strlen(p->name) == name.len &&
+		    memcmp(name.data, p->name, name.len) == 0) {
+			found++;
+			ip_buf_reset(val);
+			size_t vs = eq ? ne + 1 : e;
+			bad = form_decode(s + vs, e - vs, val) < 0;
+		}
+		ip_buf_free(&name);
+		i = e + 1;
+		if (!amp)
+			break;
+	}
+	if (found == 0)
+		return missing(out, p, "is missing: add the parameter");
+	if (found > 1)
+		return invalid(out, p, "is sent more than once");
+	if (bad)
+		return invalid(out, p, "has a malformed %-escape");
+	return check_value(out, p, val->data ? val->data : "", val->len);
+}
+
+typedef struct body_state {
+	int checked;        /* 0 not yet, 1 JSON, -1 not JSON */
+	char why[96];
+} body_state;
+
+static void check_body(const keyparts_request *rq, body_state *b)
+{
+	char mt[128];
+	fp_media_type(rq->content_type, mt, sizeof mt);
+	b->checked = -1;
+	if (!fp_is_json_media_type(mt)) {
+		snprintf(b->why, sizeof b->why,
+			 "needs a JSON body (the Content-Type is \"%.40s\")",
+			 mt);
+		return;
+	}
+	json_error_t jerr;
+	/* Integers as reals: one beyond 64 bits is valid JSON, and its text
+	 * is what the key gets. */
+	json_t *doc = json_loadb(rq->body ? rq->body : "", rq->body_len,
+				 JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
+					 JSON_DECODE_INT_AS_REAL,
+				 &jerr);
+	if (!doc) {
+		snprintf(b->why, sizeof b->why,
+			 "needs a JSON body, and the body is not valid JSON "
+			 "(or repeats a member name)");
+		return;
+	}
+	json_decref(doc);
+	b->checked = 1;
+}
+
+static enum keyparts_result body_part(const keypart *p,
+				      const keyparts_request *rq,
+				      keyparts_key *out, ip_buf *val,
+				      body_state *b)
+{
+	if (b->checked == 0)
+		check_body(rq, b);
+	if (b->checked < 0)
+		return missing(out, p, b->why);
+	const char *v;
+	size_t n;
+	enum jsonptr_found f = jsonptr_locate(p->ptr, rq->body, rq->body_len,
+					      &v, &n);
+	if (f != JSONPTR_FOUND)
+		return missing(out, p, "is not in the body");
+	switch (v[0]) {
+	case '"':
+		if (jsonptr_string_value(v, n, val) < 0)
+			return invalid(out, p, "is a string that cannot be "
+					       "read");
+		return check_value(out, p, val->data ? val->data : "",
+				   val->len);
+	case '{':
+		return invalid(out, p, "is an object; it must be a string "
+				       "or a number");
+	case '[':
+		return invalid(out, p, "is an array; it must be a string or "
+				       "a number");
+	case 'n':
+		return invalid(out, p, "is null; it must be a string or a "
+				       "number");
+	case 't':
+	case 'f':
+		return invalid(out, p, "is a boolean; it must be a string or "
+				       "a number");
+	default:
+		/* A number, as the client wrote it. */
+		ip_buf_append(val, v, n);
+		return check_value(out, p, v, n);
+	}
+}
+
+/* Is any part present at all? Decides an optional key's pass-through. */
+static bool any_present(const keyparts *kp, const keyparts_request *rq)
+{
+	for (size_t i = 0; i < kp->n; i++) {
+		const keypart *p = &kp->v[i];
+		if (p->source == KP_HEADER &&
+		    header_list_count(rq->headers, p->name) > 0)
+			return true;
+		if (p->source == KP_QUERY || p->source == KP_BODY) {
+			keyparts_key scratch;
+			ip_buf v = {0};
+			body_state b = {0};
+			enum keyparts_result r =
+				p->source == KP_QUERY
+					? query_part(p, rq, &scratch, &v)
+					: body_part(p, rq, &scratch, &v, &b);
+			ip_buf_free(&v);
+			if (r != KEYPARTS_MISSING)
+				return true;
+		}
+	}
+	return false;
+}
+
+enum keyparts_result keyparts_key_of(const keyparts *kp,
+				     const keyparts_request *rq,
+				     keyparts_key *out)
+{
+	out->key[0] = out->idkey[0] = out->detail[0] = '\0';
+	ip_buf joined = {0}, val = {0};
+	body_state b = {0};
+	enum keyparts_result r = KEYPARTS_OK;
+	for (size_t i = 0; r == KEYPARTS_OK && i < kp->n; i++) {
+		const keypart *p = &kp->v[i];
+		ip_buf_reset(&val);
+		if (p->source == KP_HEADER)
+			r = header_part(p, rq, out, &val);
+		else if (p->source == KP_QUERY)
+			r = query_part(p, rq, out, &val);
+		else
+			r = body_part(p, rq, out, &val, &b);
+		if (r != KEYPARTS_OK)
+			break;
+		if (kp->bare)
+			ip_buf_append(&joined, val.data, val.len);
+		else
+			ip_buf_printf(&joined, "%zu:%.*s,", val.len,
+				      (int)val.len, val.data ? val.data : "");
+	}
+	if (r == KEYPARTS_OK && joined.len > KEYPARTS_KEY_MAX) {
+		snprintf(out->detail, sizeof out->detail,
+			 "the key parts are longer than %d characters "
+			 "together",
+			 KEYPARTS_KEY_MAX);
+		r = KEYPARTS_INVALID;
+	}
+	if (r == KEYPARTS_OK)
+		memcpy(out->key, joined.data, joined.len + 1);
+	ip_buf_free(&joined);
+	ip_buf_free(&val);
+	/* Only a missing part needs the question answered. */
+	if (r == KEYPARTS_MISSING && !any_present(kp, rq))
+		return KEYPARTS_NONE;
+	return r;
+}
