@@ -720,6 +720,8 @@ static const cfg_choice cfg_log_formats[] = {
 	{"json", 1}, {"text", 0}, {NULL, 0}};
 static const cfg_choice cfg_unavailable[] = {
 	{"reject", 0}, {"forward", 1}, {NULL, 0}};
+static const cfg_choice cfg_distributed[] = {
+	{"none", 0}, {"citus", 1}, {NULL, 0}};
 static const cfg_choice cfg_key_modes[] = {
 	{"required", 1}, {"optional", 0}, {NULL, 0}};
 static const cfg_choice cfg_on_unknown[] = {
@@ -780,6 +782,8 @@ static const cfg_opt cfg_database[] = {
 	 .off = C_(statement_timeout_ms)},
 	{.name = "unavailable", .conv = cfg_conv_flag, .def = "\"reject\"",
 	 .off = C_(db_unavailable_forward), .choices = cfg_unavailable},
+	{.name = "distributed", .conv = cfg_conv_flag, .def = "\"none\"",
+	 .off = C_(db_citus), .choices = cfg_distributed},
 };
 
 /* A reaper faster than 100ms would only keep the database busy. */
