@@ -87,10 +87,11 @@ static void *reaper_main(void *arg)
 }
 
 reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
-		     int64_t interval_ms, int batch)
+		     int64_t interval_ms, int batch, bool distributed)
 {
 	reaper *r = xcalloc(1, sizeof *r);
 	r->st = store_new(db_url, statement_timeout_ms);
+	store_set_distributed(r->st, distributed);
 	r->interval_ms = interval_ms > 0 ? interval_ms : 1000;
 	r->batch = batch > 0 ? batch : 1000;
 	pthread_mutex_init(&r->mu, NULL);
