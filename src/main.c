@@ -96,9 +96,10 @@ static int cmd_migrate(config *cfg)
 	printf("migrations applied: %d (schema version %d)\n", applied,
 	       store_expected_version());
 	if (cfg->db_citus)
-		printf("records distributed by tenant%s\n",
-		       converted ? " (the existing rows moved to the shards)"
-				 : "");
+		printf("records distributed by tenant (%s)\n",
+		       converted ? "now: any existing rows were moved to the "
+				   "shards"
+				 : "already");
 	return 0;
 }
 
