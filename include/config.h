@@ -86,6 +86,7 @@ typedef struct config {
 	char *db_url;
 	int64_t statement_timeout_ms;
 	bool db_unavailable_forward; /* false = reject (503) */
+	bool db_citus; /* distributed = "citus": records distributed by tenant */
 
 	int64_t reaper_interval_ms;
 	int reaper_batch;

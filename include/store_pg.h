@@ -21,6 +21,9 @@ void store_free(store *s);
 /* The statement_timeout from the next call on (a reload may change it); a
  * SET is sent only when it differs from the one in force. */
 void store_set_statement_timeout(store *s, int64_t ms);
+/* The records are distributed by Citus (database.distributed = "citus"):
+ * the reaper's batches then run per shard. Before the first call. */
+void store_set_distributed(store *s, bool citus);
 
 /* Connects (and prepares) if not connected. 0 or -1 with err. */
 int store_ensure(store *s, char *err, size_t errlen) IP_WUR;
@@ -121,5 +124,23 @@ int store_schema_version(store *s, int *version, char *err,
 int store_migrate(store *s, int *applied, char *err, size_t errlen) IP_WUR;
 /* The version this binary expects (the highest embedded migration). */
 int store_expected_version(void);
+
+/* How the records are laid out on this database. */
+enum store_layout {
+	STORE_PLAIN,             /* no citus extension */
+	STORE_CITUS_LOCAL,       /* citus, the table absent or not distributed */
+	STORE_CITUS_OTHER,       /* distributed, but not by hash of tenant */
+	STORE_CITUS_PARTIAL,     /* by tenant; a function not distributed */
+	STORE_CITUS_DISTRIBUTED, /* by tenant, the functions with it */
+};
+int store_layout_get(store *s, enum store_layout *out, char *err,
+		     size_t errlen) IP_WUR;
+/* One line saying how the layout disagrees with the setting, or NULL. */
+const char *store_layout_mismatch(enum store_layout l, bool citus);
+/* On a Citus coordinator, after store_migrate: distributes the records by
+ * tenant (copying the rows of a store migrated plain; *converted then) if
+ * not done yet, and the proxy's functions with them. Idempotent. */
+int store_distribute(store *s, bool *converted, char *err,
+		     size_t errlen) IP_WUR;
 
 #endif

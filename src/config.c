@@ -938,6 +938,8 @@ static const cfg_choice cfg_log_formats[] = {
 	{"json", 1}, {"text", 0}, {NULL, 0}};
 static const cfg_choice cfg_unavailable[] = {
 	{"reject", 0}, {"forward", 1}, {NULL, 0}};
+static const cfg_choice cfg_distributed[] = {
+	{"none", 0}, {"citus", 1}, {NULL, 0}};
 static const cfg_choice cfg_key_modes[] = {
 	{"required", 1}, {"optional", 0}, {NULL, 0}};
 static const cfg_choice cfg_on_unknown[] = {
@@ -1014,6 +1016,8 @@ static const cfg_opt cfg_database[] = {
 	{.name = "unavailable", .conv = cfg_conv_flag, .def = "\"reject\"",
 	 .off = C_(db_unavailable_forward), .choices = cfg_unavailable,
 	 .reload = CFG_APPLY},
+	{.name = "distributed", .conv = cfg_conv_flag, .def = "\"none\"",
+	 .off = C_(db_citus), .choices = cfg_distributed, .reload = CFG_RESTART},
 };
 
 /* A reaper faster than 100ms would only keep the database busy. */

@@ -95,7 +95,21 @@ static int cmd_migrate(config *cfg)
 	}
 	store *s = store_new(cfg->db_url, cfg->statement_timeout_ms);
 	int applied = 0;
-	int rc = store_migrate(s, &applied, err, sizeof err);
+	bool converted = false;
+	enum store_layout l;
+	const char *mismatch = NULL;
+	/* A plain migrate of a distributed store would re-create functions
+	 * without distributing them: refuse before changing anything. */
+	int rc = store_layout_get(s, &l, err, sizeof err);
+	if (!rc && (mismatch = store_layout_mismatch(l, cfg->db_citus)) &&
+	    (!cfg->db_citus || l == STORE_PLAIN || l == STORE_CITUS_OTHER)) {
+		snprintf(err, sizeof err, "%s", mismatch);
+		rc = -1;
+	}
+	if (!rc)
+		rc = store_migrate(s, &applied, err, sizeof err);
+	if (!rc && cfg->db_citus)
+		rc = store_distribute(s, &converted, err, sizeof err);
 	store_free(s);
 	if (rc) {
 		fprintf(stderr, "idemproxy: migrate failed: %s\n", err);
@@ -103,6 +117,11 @@ static int cmd_migrate(config *cfg)
 	}
 	printf("migrations applied: %d (schema version %d)\n", applied,
 	       store_expected_version());
+	if (cfg->db_citus)
+		printf("records distributed by tenant (%s)\n",
+		       converted ? "now: any existing rows were moved to the "
+				   "shards"
+				 : "already");
 	return 0;
 }
 
@@ -122,7 +141,10 @@ static int check_schema(config *cfg)
 	char err[512];
 	store *s = store_new(cfg->db_url, cfg->statement_timeout_ms);
 	int version = 0;
+	enum store_layout layout = STORE_PLAIN;
 	int rc = store_schema_version(s, &version, err, sizeof err);
+	if (!rc)
+		rc = store_layout_get(s, &layout, err, sizeof err);
 	store_free(s);
 	if (rc) {
 		fprintf(stderr, "idemproxy: cannot reach the database: %s\n",
@@ -134,6 +156,11 @@ static int check_schema(config *cfg)
 			"idemproxy: database schema is version %d, this binary "
 			"needs %d: run `idemproxy -c %s --migrate`\n",
 			version, store_expected_version(), cfg->file);
+		return -1;
+	}
+	const char *mismatch = store_layout_mismatch(layout, cfg->db_citus);
+	if (mismatch) {
+		fprintf(stderr, "idemproxy: %s\n", mismatch);
 		return -1;
 	}
 	return 0;
@@ -246,7 +273,8 @@ static int serve(config *cfg)
 		goto fail;
 	}
 	reaper *rp = reaper_start(cfg->db_url, cfg->statement_timeout_ms,
-				  cfg->reaper_interval_ms, cfg->reaper_batch);
+				  cfg->reaper_interval_ms, cfg->reaper_batch,
+				  cfg->db_citus);
 	running.reaper = rp;
 	log_info("idemproxy started",
 		 "listen=%s admin=%s workers=%d routes=%zu sealing_key=%s",

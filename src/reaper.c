@@ -120,10 +120,11 @@ static reaper_settings settings_of(int64_t interval_ms, int batch,
 }
 
 reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
-		     int64_t interval_ms, int batch)
+		     int64_t interval_ms, int batch, bool distributed)
 {
 	reaper *r = xcalloc(1, sizeof *r);
 	r->st = store_new(db_url, statement_timeout_ms);
+	store_set_distributed(r->st, distributed);
 	r->set = settings_of(interval_ms, batch, statement_timeout_ms);
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);

@@ -15,6 +15,7 @@
 struct store {
 	pg_link link;
 	bool outage; /* the last failure: no connection, or it broke */
+	bool citus;  /* the records are distributed: reaper works per shard */
 };
 
 /* Each statement, its name, parameter types (OIDs) and text. */
@@ -84,6 +85,18 @@ static const stmt_def stmts[] = {
 	 "SELECT state FROM idempotency_records "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4"},
+	/* Citus refuses a cross-shard UPDATE or DELETE driven by a
+	 * SELECT .. FOR UPDATE SKIP LOCKED: on a distributed store the reaper
+	 * sends the batch statement ($1, with %1$s for the shard) to every
+	 * shard, in parallel, each a bounded batch of its own. The command
+	 * status of each ("UPDATE n") gives the rows. */
+	{"per_shard", 1,
+	 {OID_TEXT},
+	 "SELECT coalesce(sum(n), 0)::int8, count(*) FILTER (WHERE NOT success), "
+	 "count(*), min(result) FILTER (WHERE NOT success) FROM ("
+	 "SELECT success, result, CASE WHEN success THEN "
+	 "split_part(result, ' ', 2)::int8 END AS n "
+	 "FROM run_command_on_shards('idempotency_records', $1)) r"},
 	{"processing_stats", 0,
 	 {0},
 	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
@@ -98,14 +111,37 @@ enum {
 	ST_REAP,
 	ST_PURGE,
 	ST_OWNED,
+	ST_PER_SHARD,
 	ST_STATS
 };
+
+/* The reaper's statements as run on each shard (%1$s, formatted by
+ * run_command_on_shards; the batch size is formatted here). */
+#define SHARD_REAP_SQL \
+	"WITH due AS (SELECT tenant, operation, idem_key FROM %%1$s " \
+	"WHERE state = 'processing' AND lease_until <= now() " \
+	"AND NOT hold_on_unknown LIMIT %d FOR UPDATE SKIP LOCKED) " \
+	"UPDATE %%1$s t SET state = 'released', lease_until = NULL, " \
+	"updated_at = now() FROM due WHERE t.tenant = due.tenant " \
+	"AND t.operation = due.operation AND t.idem_key = due.idem_key"
+#define SHARD_PURGE_SQL \
+	"WITH doomed AS (SELECT tenant, operation, idem_key FROM %%1$s " \
+	"WHERE expires_at <= now() " \
+	"AND (lease_until IS NULL OR lease_until <= now()) " \
+	"LIMIT %d FOR UPDATE SKIP LOCKED) " \
+	"DELETE FROM %%1$s t USING doomed WHERE t.tenant = doomed.tenant " \
+	"AND t.operation = doomed.operation AND t.idem_key = doomed.idem_key"
 
 store *store_new(const char *url, int64_t statement_timeout_ms)
 {
 	store *s = xcalloc(1, sizeof *s);
 	pg_link_init(&s->link, url, "idemproxy", statement_timeout_ms);
 	return s;
+}
+
+void store_set_distributed(store *s, bool citus)
+{
+	s->citus = citus;
 }
 
 void store_free(store *s)
@@ -156,6 +192,9 @@ int store_ensure(store *s, char *err, size_t errlen)
 	if (!fresh)
 		return 0;
 	for (size_t i = 0; i < sizeof stmts / sizeof stmts[0]; i++) {
+		/* run_command_on_shards exists only with Citus. */
+		if (i == ST_PER_SHARD && !s->citus)
+			continue;
 		PGresult *r = PQprepare(s->link.conn, stmts[i].name,
 					stmts[i].sql, stmts[i].nparams,
 					stmts[i].types);
@@ -433,15 +472,53 @@ static int batch_stmt(store *s, int st, int batch, int *n, char *err,
 	return rc;
 }
 
+/* One batch on every shard (see per_shard). *n counts the rows of the
+ * shards that answered; a shard that did not (its worker is down) fails the
+ * call after the others were done. */
+static int shard_batch(store *s, bool purge, int batch, int *n, char *err,
+		       size_t errlen, const char *what)
+{
+	*n = 0;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	char cmd[1024];
+	snprintf(cmd, sizeof cmd, purge ? SHARD_PURGE_SQL : SHARD_REAP_SQL,
+		 batch);
+	const char *vals[1] = {cmd};
+	PGresult *r = run(s, ST_PER_SHARD, vals, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, what);
+	if (rc) {
+		PQclear(r);
+		return -1;
+	}
+	*n = atoi(PQgetvalue(r, 0, 0));
+	int failed = atoi(PQgetvalue(r, 0, 1));
+	if (failed) {
+		char msg[512];
+		snprintf(msg, sizeof msg, "%d of %s shards failed: %s", failed,
+			 PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 3));
+		pg_link_err(err, errlen, what, msg);
+		rc = -1;
+	}
+	PQclear(r);
+	return rc;
+}
+
 int store_reap_leases(store *s, int batch, int *released, char *err,
 		      size_t errlen)
 {
+	if (s->citus)
+		return shard_batch(s, false, batch, released, err,
+				   errlen, "reap");
 	return batch_stmt(s, ST_REAP, batch, released, err, errlen, "reap");
 }
 
 int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen)
 {
+	if (s->citus)
+		return shard_batch(s, true, batch, purged, err,
+				   errlen, "purge");
 	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
 }
 
@@ -591,6 +668,184 @@ int store_migrate(store *s, int *applied, char *err, size_t errlen)
 		(*applied)++;
 	}
 	rc = 0;
+out:
+	PQfinish(c);
+	return rc;
+}
+
+/* ---- Citus ----------------------------------------------------------- */
+
+/* The functions the proxy calls, each distributed by its tenant argument
+ * and colocated with the records, so that a call is delegated to the
+ * worker holding the tenant's shard. Every overload of the name in the
+ * records' schema is distributed. */
+static const char *const citus_functions[] = {"idem_claim"};
+
+static const char layout_sql[] =
+	"SELECT (SELECT count(*) FROM pg_extension WHERE extname = 'citus')";
+
+/* With the extension: is the table hash-distributed by tenant, and how
+ * many of the proxy's functions ($1) are not distributed with it? */
+static const char citus_layout_sql[] =
+	"WITH t AS (SELECT p.logicalrelid, p.partmethod, p.colocationid, "
+	"column_to_column_name(p.logicalrelid, p.partkey) AS col "
+	"FROM pg_dist_partition p "
+	"WHERE p.logicalrelid = to_regclass('idempotency_records')) "
+	"SELECT (SELECT count(*) FROM t), "
+	"(SELECT count(*) FROM t WHERE partmethod = 'h' AND col = 'tenant'), "
+	"(SELECT count(*) FROM pg_proc f "
+	"JOIN pg_class c ON c.oid = to_regclass('idempotency_records') "
+	"AND f.pronamespace = c.relnamespace "
+	"WHERE f.proname = ANY ($1::text[]) AND NOT EXISTS ("
+	"SELECT 1 FROM pg_dist_object o, t WHERE o.classid = "
+	"'pg_proc'::regclass AND o.objid = f.oid "
+	"AND o.distribution_argument_index IS NOT NULL "
+	"AND o.colocationid = t.colocationid))";
+
+static void functions_array(char *out, size_t n)
+{
+	size_t k = (size_t)snprintf(out, n, "{");
+	for (size_t i = 0; i < sizeof citus_functions / sizeof *citus_functions;
+	     i++)
+		k += (size_t)snprintf(out + k, n > k ? n - k : 0, "%s%s",
+				      i ? "," : "", citus_functions[i]);
+	snprintf(out + k, n > k ? n - k : 0, "}");
+}
+
+static int layout_on(PGconn *c, enum store_layout *out, char *err,
+		     size_t errlen)
+{
+	PGresult *r = PQexec(c, layout_sql);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		pg_link_err(err, errlen, "layout", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	bool citus = atoi(PQgetvalue(r, 0, 0)) > 0;
+	PQclear(r);
+	*out = STORE_PLAIN;
+	if (!citus)
+		return 0;
+	char fns[256];
+	functions_array(fns, sizeof fns);
+	const char *vals[1] = {fns};
+	r = PQexecParams(c, citus_layout_sql, 1, NULL, vals, NULL, NULL, 0);
+	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+		pg_link_err(err, errlen, "layout", PQresultErrorMessage(r));
+		PQclear(r);
+		return -1;
+	}
+	int distributed = atoi(PQgetvalue(r, 0, 0));
+	int by_tenant = atoi(PQgetvalue(r, 0, 1));
+	int loose = atoi(PQgetvalue(r, 0, 2));
+	PQclear(r);
+	*out = !distributed ? STORE_CITUS_LOCAL
+	       : !by_tenant ? STORE_CITUS_OTHER
+	       : loose	    ? STORE_CITUS_PARTIAL
+			    : STORE_CITUS_DISTRIBUTED;
+	return 0;
+}
+
+int store_layout_get(store *s, enum store_layout *out, char *err,
+		     size_t errlen)
+{
+	PGconn *c = plain_connect(s, err, errlen);
+	if (!c)
+		return -1;
+	int rc = layout_on(c, out, err, errlen);
+	PQfinish(c);
+	return rc;
+}
+
+const char *store_layout_mismatch(enum store_layout l, bool citus)
+{
+	if (!citus)
+		return l == STORE_PLAIN || l == STORE_CITUS_LOCAL
+			       ? NULL
+			       : "idempotency_records is distributed (Citus) "
+				 "but database.distributed = \"none\": set "
+				 "database.distributed = \"citus\"";
+	switch (l) {
+	case STORE_PLAIN:
+		return "database.distributed = \"citus\" but the database has "
+		       "no citus extension";
+	case STORE_CITUS_LOCAL:
+		return "database.distributed = \"citus\" but "
+		       "idempotency_records is not distributed: run --migrate "
+		       "on the coordinator";
+	case STORE_CITUS_OTHER:
+		return "database.distributed = \"citus\" but "
+		       "idempotency_records is not hash-distributed by tenant";
+	case STORE_CITUS_PARTIAL:
+		return "database.distributed = \"citus\" but idem_claim is not "
+		       "distributed with idempotency_records: run --migrate";
+	case STORE_CITUS_DISTRIBUTED:
+		break;
+	}
+	return NULL;
+}
+
+/* Distributes each overload of the proxy's functions; Citus accepts a
+ * function that is distributed already, so this runs on every migrate
+ * (a numbered migration may have re-created one). */
+static int distribute_functions(PGconn *c, char *err, size_t errlen)
+{
+	char fns[256];
+	functions_array(fns, sizeof fns);
+	const char *vals[1] = {fns};
+	PGresult *r = PQexecParams(
+		c,
+		"SELECT create_distributed_function(f.oid::regprocedure, "
+		"'p_tenant', colocate_with := 'idempotency_records') "
+		"FROM pg_proc f JOIN pg_class c ON c.oid = "
+		"to_regclass('idempotency_records') "
+		"AND f.pronamespace = c.relnamespace "
+		"WHERE f.proname = ANY ($1::text[])",
+		1, NULL, vals, NULL, NULL, 0);
+	int rc = PQresultStatus(r) == PGRES_TUPLES_OK ? 0 : -1;
+	if (rc)
+		pg_link_err(err, errlen, "create_distributed_function",
+			    PQresultErrorMessage(r));
+	PQclear(r);
+	return rc;
+}
+
+int store_distribute(store *s, bool *converted, char *err, size_t errlen)
+{
+	*converted = false;
+	PGconn *c = plain_connect(s, err, errlen);
+	if (!c)
+		return -1;
+	int rc = -1;
+	enum store_layout l;
+	if (simple(c, "SELECT pg_advisory_lock(7307114101)", err, errlen,
+		   "lock") ||
+	    layout_on(c, &l, err, errlen))
+		goto out;
+	if (l == STORE_PLAIN || l == STORE_CITUS_OTHER) {
+		snprintf(err, errlen, "%s", store_layout_mismatch(l, true));
+		goto out;
+	}
+	if (l == STORE_CITUS_LOCAL) {
+		/* Copies any rows to the shards (a store migrated plain),
+		 * then drops the coordinator's local copy of them, in one
+		 * transaction. */
+		if (simple(c, "BEGIN", err, errlen, "distribute") ||
+		    simple(c,
+			   "SELECT create_distributed_table("
+			   "'idempotency_records', 'tenant')",
+			   err, errlen, "create_distributed_table") ||
+		    simple(c,
+			   "SELECT truncate_local_data_after_distributing_table("
+			   "'idempotency_records')",
+			   err, errlen, "distribute") ||
+		    simple(c, "COMMIT", err, errlen, "distribute")) {
+			PQclear(PQexec(c, "ROLLBACK"));
+			goto out;
+		}
+		*converted = true;
+	}
+	rc = distribute_functions(c, err, errlen);
 out:
 	PQfinish(c);
 	return rc;

@@ -128,10 +128,33 @@ class PgCluster:
     def admin(self):
         return psycopg.connect(self.conninfo("postgres"), autocommit=True)
 
+    def create_database(self, name):
+        with self.admin() as c:
+            c.execute("CREATE DATABASE %s" % name)
+
+    def drop_database(self, name):
+        with self.admin() as c:
+            c.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+
+
+# `make test-citus`: every test's database is on a Citus cluster (a
+# coordinator and two workers, citus_cluster.py) and its proxies run with
+# database.distributed = "citus".
+CITUS = os.environ.get("IDEMPROXY_TEST_CITUS") == "1"
+# Its own tests need that cluster: collected only then.
+collect_ignore = [] if CITUS else ["test_citus.py"]
+
+
+def new_cluster():
+    if CITUS:
+        from citus_cluster import CitusCluster
+        return CitusCluster()
+    return PgCluster()
+
 
 @pytest.fixture(scope="session")
 def pg_cluster():
-    cluster = PgCluster()
+    cluster = new_cluster()
     atexit.register(cluster.stop)  # also on an interrupted session
     try:
         cluster.start()
@@ -185,17 +208,11 @@ _db_seq = itertools.count(1)
 @pytest.fixture
 def pg(pg_cluster):
     name = "t_%d" % next(_db_seq)
-    with pg_cluster.admin() as c:
-        c.execute("CREATE DATABASE %s" % name)
+    pg_cluster.create_database(name)
     db = PgDb(pg_cluster, name)
     yield db
     db.close()
-
-    def drop():
-        with pg_cluster.admin() as c:
-            c.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
-
-    pg_cluster.dropper.submit(drop)
+    pg_cluster.dropper.submit(pg_cluster.drop_database, name)
 
 
 # --- the stub upstream -------------------------------------------------------
@@ -428,6 +445,9 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
         settings["routes"] = routes
         for k, v in (top or {}).items():
             settings[k] = v
+        if CITUS and isinstance(settings.get("database"), dict):
+            settings["database"] = dict(settings["database"])
+            settings["database"].setdefault("distributed", "citus")
         if not settings.get("admin_listen"):
             admin_port = None
         conf_path = os.path.join(str(tmp_path), "idemproxy-%d.conf" % n)

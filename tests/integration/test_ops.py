@@ -319,7 +319,7 @@ def test_readyz_uses_one_persistent_connection(proxy, pg):
         assert requests.get(proxy.admin_url + "/readyz", timeout=TIMEOUT).status_code == 200
     assert admin_backends(pg) == first
     # a connection that broke while idle is replaced on the next probe
-    pg.execute("SELECT pg_terminate_backend(%s)", (first[0]["pid"],))
+    pg.execute("SELECT pg_terminate_backend(%s::int)", (first[0]["pid"],))
     r = requests.get(proxy.admin_url + "/readyz", timeout=TIMEOUT)
     assert r.status_code == 200, r.text
     again = admin_backends(pg)

@@ -116,6 +116,7 @@ static void assert_top_defaults(const config *c)
 	assert_string_equal(c->db_url, "postgresql:///idemproxy");
 	assert_int_equal(c->statement_timeout_ms, 2000);
 	assert_false(c->db_unavailable_forward);
+	assert_false(c->db_citus);
 	assert_int_equal(c->reaper_interval_ms, 5000);
 	assert_int_equal(c->reaper_batch, 1000);
 }
@@ -183,7 +184,8 @@ static void test_top_level_values(void **state)
 			      "log_format = \"text\";\n"
 			      "database = { url = \"postgresql://x/y\";\n"
 			      "  statement_timeout = \"250ms\";\n"
-			      "  unavailable = \"forward\"; };\n"
+			      "  unavailable = \"forward\";\n"
+			      "  distributed = \"citus\"; };\n"
 			      "reaper = { interval = \"1m\"; batch = 10; };\n" ROUTE_A);
 	if (!c)
 		fail_msg("%s", err);
@@ -201,6 +203,7 @@ static void test_top_level_values(void **state)
 	assert_string_equal(c->db_url, "postgresql://x/y");
 	assert_int_equal(c->statement_timeout_ms, 250);
 	assert_true(c->db_unavailable_forward);
+	assert_true(c->db_citus);
 	assert_int_equal(c->reaper_interval_ms, 60000);
 	assert_int_equal(c->reaper_batch, 10);
 	config_unref(c);
@@ -691,6 +694,8 @@ static void test_error_enums(void **state)
 	assert_error("database = { unavailable = \"open\"; };\n" ROUTE_A, 1,
 		     "database: unavailable: must be \"reject\" or "
 		     "\"forward\"");
+	assert_error("database = { distributed = \"yes\"; };\n" ROUTE_A, 1,
+		     "database: distributed: must be \"none\" or \"citus\"");
 	assert_error("log_level = \"warning\";\n" ROUTE_A, 1,
 		     "log_level: must be \"error\", \"warn\", \"info\" or "
 		     "\"debug\"");
@@ -981,7 +986,7 @@ static void test_every_setting_has_a_reload_rule(void **state)
 	assert_string_equal(seen.restart,
 			    "listen,admin_listen,workers,max_connections,"
 			    "max_connections_per_ip,max_header_size,"
-			    "database.url,");
+			    "database.url,database.distributed,");
 }
 
 static void test_restart_changes_name_what_differs_from_the_running(

@@ -1,0 +1,29 @@
+# The store suites on Citus (distributed PostgreSQL, README "Past one
+# database"): a coordinator and two workers on 127.0.0.1, started by the
+# tests (tests/integration/citus_cluster.py), each test's database on all
+# three with the extension, the proxies with database.distributed = "citus".
+#
+#   make test-citus                     Citus must be installed (citus.so)
+#   make test-citus CITUS_SRC=DIR       builds and installs it from DIR first
+#                                       when citus.so is missing (a Citus
+#                                       source tree, or a folder with a
+#                                       build.sh that does it; needs root)
+#
+# CITUS_SOAK, when set, is a command run after the suites with the same
+# environment (IDEMPROXY_TEST_CITUS=1): the hook for the chaos soak's run
+# on Citus.
+
+CITUS_SRC ?=
+CITUS_SOAK ?=
+CITUS_TESTS ?= tests/integration/test_core.py \
+	tests/integration/test_concurrency.py tests/integration/test_failures.py \
+	tests/integration/test_instances.py tests/integration/test_reaper_crash.py \
+	tests/integration/test_ops.py tests/integration/test_replay_cache.py \
+	tests/integration/test_citus.py
+
+.PHONY: test-citus
+test-citus: $(BUILD)/idemproxy $(BUILD)/store_check
+	@scripts/citus-install.sh $(CITUS_SRC)
+	IDEMPROXY_TEST_CITUS=1 $(PYTHON) -m pytest -q -p no:cacheprovider \
+		$(CITUS_TESTS) $(PYTEST_ARGS)
+	$(if $(CITUS_SOAK),IDEMPROXY_TEST_CITUS=1 $(CITUS_SOAK))

@@ -1,0 +1,279 @@
+"""The store on Citus (distributed PostgreSQL): records distributed by
+tenant over two workers, the claim delegated to the tenant's worker, two
+proxies, a worker stopped under them, the start-up check of the layout and
+the conversion of a store migrated plain.
+
+Collected only under `make test-citus` (IDEMPROXY_TEST_CITUS=1), where the
+session's cluster is a coordinator and two workers (citus_cluster.py).
+"""
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from conftest import run_binary
+from helpers import assert_problem, is_replay, new_key, wait_until
+
+HOOKS = "/hooks/charge"
+
+
+def worker_port(pg, tenant):
+    """The port of the worker that holds tenant's shard."""
+    return pg.query(
+        "SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = "
+        "get_shard_id_for_distribution_column('idempotency_records', %s::text)",
+        (tenant,))[0]["nodeport"]
+
+
+def shard_of(pg, tenant):
+    return pg.query("SELECT get_shard_id_for_distribution_column("
+                    "'idempotency_records', %s::text) AS s", (tenant,))[0]["s"]
+
+
+def tenants_on_each_worker(pg, cluster):
+    """One tenant name per worker: {worker port: tenant}."""
+    found = {}
+    for i in range(200):
+        t = "tenant-%d" % i
+        found.setdefault(worker_port(pg, t), t)
+        if len(found) == len(cluster.workers):
+            return found
+    raise AssertionError("no tenant found on every worker: %r" % found)
+
+
+def on_node(node, dbname, sql, params=None):
+    with psycopg.connect(node.conninfo(dbname), autocommit=True, row_factory=dict_row) as c:
+        return c.execute(sql, params).fetchall()
+
+
+def node_by_port(cluster, port):
+    return next(n for n in cluster.nodes if n.port == port)
+
+
+def shard_rows(cluster, pg, tenant):
+    """The records of tenant as the worker's shard table holds them."""
+    node = node_by_port(cluster, worker_port(pg, tenant))
+    return on_node(node, pg.name, "SELECT idem_key, state FROM idempotency_records_%d "
+                   "WHERE tenant = %%s" % shard_of(pg, tenant), (tenant,))
+
+
+def claim_calls(node, dbname):
+    rows = on_node(node, dbname, "SELECT coalesce(sum(calls), 0) AS n FROM "
+                   "pg_stat_user_functions WHERE funcname = 'idem_claim'")
+    return rows[0]["n"]
+
+
+def hook(proxy, tenant, key, amount=100):
+    return proxy.post(HOOKS, key=key, json={"amount": amount},
+                      headers={"X-Tenant-Id": tenant})
+
+
+def test_migrate_distributes_the_records_and_the_claim(make_proxy, pg):
+    make_proxy(start=False)
+    tables = pg.query("SELECT distribution_column, citus_table_type, shard_count "
+                      "FROM citus_tables WHERE table_name = 'idempotency_records'::regclass")
+    assert tables == [{"distribution_column": "tenant", "citus_table_type": "distributed",
+                       "shard_count": 32}]
+    funcs = pg.query("SELECT distribution_argument_index AS arg, o.colocationid = p.colocationid "
+                     "AS colocated FROM pg_dist_object o, pg_dist_partition p "
+                     "WHERE o.objid = 'idem_claim'::regproc "
+                     "AND p.logicalrelid = 'idempotency_records'::regclass")
+    assert funcs == [{"arg": 0, "colocated": True}]
+
+
+def test_migrate_twice_changes_nothing(make_proxy, pg):
+    p = make_proxy(start=False)
+    before = pg.query("SELECT shardid, nodeport FROM pg_dist_shard_placement ORDER BY 1")
+    r = run_binary(["-c", p.conf_path, "--migrate"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "migrations applied: 0" in r.stdout
+    assert pg.query("SELECT shardid, nodeport FROM pg_dist_shard_placement ORDER BY 1") == before
+
+
+@pytest.mark.no_replay_cache  # the replay too is a claim
+def test_the_claim_is_delegated_to_the_tenants_worker(make_proxy, stub, pg, pg_cluster):
+    proxy = make_proxy()
+    tenant = "acme"
+    port = worker_port(pg, tenant)
+    # The statement the proxy prepares, with bound parameters.
+    plan = "\n".join(r["QUERY PLAN"] for r in pg.query(
+        "EXPLAIN SELECT o_decision, o_owner, o_attempt, o_lease_ms, o_status, o_headers, "
+        "o_body, o_replayable, o_expires_ms FROM idem_claim(%s, %s, %s, %s, %s, %s, %s, %s)",
+        (tenant, "hooks", "k", b"\0" * 32, 1000, 60000, False,
+         "4f9c0f3e-6f0d-4a59-9c55-7c1b1d0e5a11")))
+    assert "Task Count: 1" in plan, plan
+    assert "port=%d" % port in plan, plan
+    assert "Function Scan on idem_claim" in plan, plan
+
+    # The proxy's own claims ran on that worker, never on the coordinator.
+    keys = [new_key("deleg") for _ in range(3)]
+    for k in keys:
+        assert hook(proxy, tenant, k).status_code == 201
+    assert is_replay(hook(proxy, tenant, keys[0]))
+    worker = node_by_port(pg_cluster, port)
+    # (a backend's function statistics reach the view within 10 s of idling)
+    wait_until(lambda: claim_calls(worker, pg.name) >= 4, timeout=30,
+               what="idem_claim calls counted on the worker")
+    assert claim_calls(pg_cluster.coordinator, pg.name) == 0
+    assert sorted(r["idem_key"] for r in shard_rows(pg_cluster, pg, tenant)) == sorted(keys)
+    assert stub.count(prefix=HOOKS) == 3
+
+
+def test_two_proxies_two_tenants_on_different_workers(make_proxy, stub, pg, pg_cluster):
+    a = make_proxy()
+    b = make_proxy()
+    tenants = tenants_on_each_worker(pg, pg_cluster)
+    # The same key for both tenants: two records, one on each worker.
+    key = new_key("two")
+    for tenant in tenants.values():
+        first = hook(a, tenant, key, amount=len(tenant))
+        assert first.status_code == 201, first.text
+        again = hook(b, tenant, key, amount=len(tenant))
+        assert again.status_code == 201 and is_replay(again)
+        assert again.content == first.content
+    sent = stub.requests(prefix=HOOKS, key=key)
+    assert sorted(r.header("X-Tenant-Id") for r in sent) == sorted(tenants.values())
+    for port, tenant in tenants.items():
+        assert shard_rows(pg_cluster, pg, tenant) == [{"idem_key": key, "state": "completed"}]
+        other = next(w for w in pg_cluster.workers if w.port != port)
+        assert on_node(other, pg.name, "SELECT to_regclass('idempotency_records_%d') IS NULL "
+                       "AS absent" % shard_of(pg, tenant))[0]["absent"]
+
+
+@pytest.mark.no_replay_cache  # every replay asks the store
+def test_a_worker_down_fails_only_its_tenants(make_proxy, stub, pg, pg_cluster):
+    # unavailable = "forward" too: a worker down is an error from a working
+    # coordinator, not an outage, so it is never forwarded unprotected.
+    proxy = make_proxy(top={"database": {"url": pg.url, "unavailable": "forward",
+                                         "statement_timeout": "5s"}})
+    tenants = tenants_on_each_worker(pg, pg_cluster)
+    up_port, down_port = pg_cluster.workers[0].port, pg_cluster.workers[1].port
+    up, down = tenants[up_port], tenants[down_port]
+    done = {t: new_key("before") for t in (up, down)}
+    for t, k in done.items():
+        assert hook(proxy, t, k).status_code == 201
+    first = {t: hook(proxy, t, k).content for t, k in done.items()}
+
+    worker = node_by_port(pg_cluster, down_port)
+    worker.pause()
+    try:
+        during = new_key("during")
+        r = hook(proxy, down, during)
+        assert_problem(r, 503, "idempotency_store_unavailable")
+        assert_problem(hook(proxy, down, done[down]), 503, "idempotency_store_unavailable")
+        assert stub.count(key=during) == 0
+
+        served = new_key("served")
+        assert hook(proxy, up, served).status_code == 201
+        assert is_replay(hook(proxy, up, served))
+        assert is_replay(hook(proxy, up, done[up]))
+        assert stub.count(key=served) == 1
+    finally:
+        worker.resume()
+
+    # Back: nothing lost, nothing sent twice.
+    again = wait_until(lambda: (lambda r: r if r.status_code != 503 else None)(
+        hook(proxy, down, done[down])), timeout=30, what="the worker's tenant served again")
+    assert is_replay(again) and again.content == first[down]
+    assert hook(proxy, down, during).status_code == 201
+    assert stub.count(key=during) == 1
+    assert stub.count(key=done[down]) == 1
+    assert {r["idem_key"] for r in shard_rows(pg_cluster, pg, down)} == {done[down], during}
+
+
+def test_refuses_to_start_when_the_setting_and_the_store_disagree(make_proxy, pg):
+    # Distributed store, plain setting: neither the proxy nor --migrate.
+    make_proxy(start=False)
+    p = make_proxy(top={"database": {"url": pg.url, "distributed": "none"}}, migrate=False,
+                   wait_ready=False)
+    assert p.wait_exit(20) == 1
+    lines = [ln for ln in p.log().splitlines() if ln.strip()]
+    assert lines == ['idemproxy: idempotency_records is distributed (Citus) but '
+                     'database.distributed = "none": set database.distributed = "citus"'], lines
+    r = run_binary(["-c", p.conf_path, "--migrate"])
+    assert r.returncode == 1 and 'database.distributed = "none"' in r.stderr, r.stderr
+
+
+def test_refuses_the_citus_setting_on_a_plain_table(make_proxy, pg):
+    plain = make_proxy(top={"database": {"url": pg.url, "distributed": "none"}}, start=False)
+    assert pg.query("SELECT count(*) AS n FROM pg_dist_partition")[0]["n"] == 0
+    p = make_proxy(migrate=False, wait_ready=False)
+    assert p.wait_exit(20) == 1
+    assert ('database.distributed = "citus" but idempotency_records is not distributed: '
+            'run --migrate on the coordinator') in p.log()
+    assert plain.proc is None  # migrated, never started
+
+
+def test_refuses_the_citus_setting_without_the_extension(make_proxy, pg, pg_cluster):
+    name = pg.name + "_plain"
+    with pg_cluster.admin() as c:
+        c.execute("CREATE DATABASE %s" % name)  # template1: no citus
+    try:
+        url = pg_cluster.conninfo(name)
+        p = make_proxy(top={"database": {"url": url}}, migrate=False, start=False)
+        r = run_binary(["-c", p.conf_path, "--migrate"])
+        assert r.returncode == 1
+        assert 'database.distributed = "citus" but the database has no citus extension' \
+            in r.stderr, r.stderr
+        # nothing was created
+        with psycopg.connect(url, autocommit=True) as c:
+            assert c.execute("SELECT to_regclass('idempotency_records')").fetchone()[0] is None
+    finally:
+        with pg_cluster.admin() as c:
+            c.execute("DROP DATABASE IF EXISTS %s WITH (FORCE)" % name)
+
+
+def test_a_store_migrated_plain_is_converted_by_migrate(make_proxy, stub, pg, pg_cluster):
+    plain = make_proxy(top={"database": {"url": pg.url, "distributed": "none"}})
+    # Which worker a tenant lands on is known only once distributed: ten
+    # tenants land on both.
+    keys = {"tenant-%d" % i: new_key("conv") for i in range(10)}
+    first = {}
+    for t, k in keys.items():
+        r = hook(plain, t, k)
+        assert r.status_code == 201
+        first[t] = r.content
+    assert plain.stop() == 0
+
+    conv = make_proxy(migrate=False, start=False)
+    r = run_binary(["-c", conv.conf_path, "--migrate"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "moved to the shards" in r.stdout
+    conv.start()
+    for t, k in keys.items():
+        again = hook(conv, t, k)
+        assert is_replay(again) and again.content == first[t]
+        assert shard_rows(pg_cluster, pg, t) == [{"idem_key": k, "state": "completed"}]
+        assert stub.count(key=k) == 1
+    assert {worker_port(pg, t) for t in keys} == {w.port for w in pg_cluster.workers}
+    # The coordinator kept no local copy of the rows.
+    assert pg.query("SELECT pg_relation_size('idempotency_records') AS n")[0]["n"] == 0
+
+
+def test_reaper_releases_and_purges_on_every_shard(make_proxy, stub, pg, pg_cluster):
+    proxy = make_proxy(top={"reaper": {"interval": "200ms", "batch": 3}}, start=False)
+    tenants = list(tenants_on_each_worker(pg, pg_cluster).values())
+    for t in tenants:
+        pg.execute(
+            "INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, "
+            "state, owner_token, attempt, lease_until, created_at, updated_at, expires_at) "
+            "SELECT %s, 'hooks', 'dead-' || g, sha256(g::text::bytea), 'processing', "
+            "gen_random_uuid(), 1, now() - interval '1 minute', now() - interval '1 hour', "
+            "now() - interval '1 hour', now() + interval '1 hour' "
+            "FROM generate_series(1, 10) g", (t,))
+        pg.execute(
+            "INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, "
+            "state, owner_token, attempt, created_at, updated_at, expires_at) "
+            "SELECT %s, 'hooks', 'old-' || g, sha256(g::text::bytea), 'completed', "
+            "gen_random_uuid(), 1, now() - interval '2 days', now() - interval '2 days', "
+            "now() - interval '1 minute' FROM generate_series(1, 10) g", (t,))
+    proxy.start()
+    wait_until(lambda: pg.query("SELECT count(*) AS n FROM idempotency_records "
+                                "WHERE idem_key LIKE 'old-%%'")[0]["n"] == 0,
+               timeout=30, what="the expired records purged")
+    wait_until(lambda: pg.query("SELECT count(*) AS n FROM idempotency_records "
+                                "WHERE state = 'processing'")[0]["n"] == 0,
+               timeout=30, what="the dead leases released")
+    for t in tenants:
+        rows = shard_rows(pg_cluster, pg, t)
+        assert sorted(r["idem_key"] for r in rows) == sorted("dead-%d" % g for g in range(1, 11))
+        assert {r["state"] for r in rows} == {"released"}
