@@ -24,6 +24,7 @@ struct store {
 #define OID_INT4 23
 #define OID_TEXT 25
 #define OID_UUID 2950
+#define OID_TSTZ 1184
 
 typedef struct stmt_def {
 	const char *name;
@@ -41,13 +42,15 @@ static const stmt_def stmts[] = {
 	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8)"},
 	/* A late answer may still be recorded after the reaper released the
 	 * record, as long as no other attempt took it over (owner unchanged):
-	 * it is the truth about the one attempt that was sent. */
+	 * it is the truth about the one attempt that was sent. It changes no
+	 * indexed column (lease_until keeps the end of the last lease), so it
+	 * is a HOT update (sql/006_hot_complete.sql). */
 	{"complete", 8,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID, OID_INT4, OID_BYTEA, OID_BYTEA,
 	  OID_BOOL},
 	 "UPDATE idempotency_records SET state = 'completed', "
 	 "response_status = $5, response_headers = $6, response_body = $7, "
-	 "replayable = $8, lease_until = NULL, updated_at = now() "
+	 "replayable = $8, updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4 AND state IN ('processing', 'released') "
 	 "AND expires_at > now()"},
@@ -57,16 +60,32 @@ static const stmt_def stmts[] = {
 	 "lease_until = NULL, updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4 AND state = 'processing'"},
-	{"reap_leases", 1,
-	 {OID_INT4},
-	 "WITH due AS (SELECT tenant, operation, idem_key "
-	 "FROM idempotency_records WHERE state = 'processing' "
-	 "AND lease_until <= now() AND NOT hold_on_unknown "
-	 "LIMIT $1 FOR UPDATE SKIP LOCKED) "
-	 "UPDATE idempotency_records t SET state = 'released', "
-	 "lease_until = NULL, updated_at = now() FROM due "
+	/* Dead leases are found by walking the lease_until index from where
+	 * the last walk ended ($2), $1 rows at a time, not by an index of
+	 * processing rows (complete would have to update it). A held row
+	 * stays processing with lease_until NULL: the gauges below still see
+	 * it, and the walk does not meet it again. Returns the rows released,
+	 * the rows walked and the last lease_until walked. */
+	{"reap_leases", 2,
+	 {OID_INT4, OID_TSTZ},
+	 "WITH walk AS (SELECT tenant, operation, idem_key, lease_until "
+	 "FROM idempotency_records WHERE lease_until >= $2 "
+	 "AND lease_until <= now() ORDER BY lease_until LIMIT $1), "
+	 "due AS (SELECT t.tenant, t.operation, t.idem_key, "
+	 "t.hold_on_unknown FROM idempotency_records t JOIN walk w "
+	 "ON t.tenant = w.tenant AND t.operation = w.operation "
+	 "AND t.idem_key = w.idem_key WHERE t.state = 'processing' "
+	 "AND t.lease_until <= now() FOR UPDATE OF t SKIP LOCKED), "
+	 "done AS (UPDATE idempotency_records t SET "
+	 "state = CASE WHEN due.hold_on_unknown THEN 'processing' "
+	 "ELSE 'released' END, lease_until = NULL, "
+	 "updated_at = CASE WHEN due.hold_on_unknown THEN t.updated_at "
+	 "ELSE now() END FROM due "
 	 "WHERE t.tenant = due.tenant AND t.operation = due.operation "
-	 "AND t.idem_key = due.idem_key"},
+	 "AND t.idem_key = due.idem_key RETURNING t.state) "
+	 "SELECT (SELECT count(*) FROM done WHERE state = 'released')::int4, "
+	 "(SELECT count(*) FROM walk)::int4, "
+	 "(SELECT max(lease_until) FROM walk)::text"},
 	{"purge", 1,
 	 {OID_INT4},
 	 "WITH doomed AS (SELECT tenant, operation, idem_key "
@@ -83,11 +102,15 @@ static const stmt_def stmts[] = {
 	 "SELECT state FROM idempotency_records "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4"},
-	{"processing_stats", 0,
-	 {0},
+	/* Processing rows: a live lease, a lease the walk ($1) has not
+	 * reached yet, or a held row whose lease ended (lease_until NULL);
+	 * two ranges of the lease_until index. */
+	{"processing_stats", 1,
+	 {OID_TSTZ},
 	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
 	 "min(updated_at)), 0)::float8::text FROM idempotency_records "
-	 "WHERE state = 'processing'"},
+	 "WHERE state = 'processing' AND (lease_until >= $1 "
+	 "OR lease_until IS NULL)"},
 };
 
 enum {
@@ -431,10 +454,32 @@ static int batch_stmt(store *s, int st, int batch, int *n, char *err,
 	return rc;
 }
 
-int store_reap_leases(store *s, int batch, int *released, char *err,
-		      size_t errlen)
+int store_reap_leases(store *s, int batch, char *since, size_t since_len,
+		      int *released, bool *more, char *err, size_t errlen)
 {
-	return batch_stmt(s, ST_REAP, batch, released, err, errlen, "reap");
+	*released = 0;
+	*more = false;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	char b[16];
+	snprintf(b, sizeof b, "%d", batch);
+	const char *vals[2] = {b, since};
+	PGresult *r = run(s, ST_REAP, vals, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "reap");
+	if (!rc && PQntuples(r) == 1) {
+		*released = atoi(PQgetvalue(r, 0, 0));
+		int walked = atoi(PQgetvalue(r, 0, 1));
+		/* The next walk starts at the last lease_until walked (>=:
+		 * another row may end at the same microsecond); a batch of
+		 * one instant only would never move on. */
+		if (!PQgetisnull(r, 0, 2) &&
+		    strcmp(PQgetvalue(r, 0, 2), since)) {
+			snprintf(since, since_len, "%s", PQgetvalue(r, 0, 2));
+			*more = walked >= batch;
+		}
+	}
+	PQclear(r);
+	return rc;
 }
 
 int store_purge_expired(store *s, int batch, int *purged, char *err,
@@ -443,12 +488,13 @@ int store_purge_expired(store *s, int batch, int *purged, char *err,
 	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
 }
 
-int store_processing_stats(store *s, int64_t *count, double *oldest_age_s,
-			   char *err, size_t errlen)
+int store_processing_stats(store *s, const char *since, int64_t *count,
+			   double *oldest_age_s, char *err, size_t errlen)
 {
 	if (store_ensure(s, err, errlen))
 		return -1;
-	PGresult *r = run(s, ST_STATS, NULL, NULL, NULL, 0);
+	const char *vals[1] = {since};
+	PGresult *r = run(s, ST_STATS, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "stats");
 	if (!rc) {
 		*count = atoll(PQgetvalue(r, 0, 0));
