@@ -12,18 +12,15 @@
 -- checkpoint).
 --
 -- lease_until now keeps the end of the last lease after complete (it is no
--- longer set to NULL there); it is NULL only for a released row and for a
--- held row (processing, outcome unknown, hold_on_unknown) whose lease the
--- reaper saw end. The new plain index on it serves the reaper: it walks the
--- leases that ended since its last pass (a range of that index, not every
--- processing row), and the processing gauges read the live leases and the
--- NULL ones. Completed rows written before this migration get their
+-- longer set to NULL there); it is NULL only for a released row. The new
+-- plain index on it serves the reaper: it walks the leases that ended since
+-- its last walk (a range of that index, not every processing row), and the
+-- processing gauges read the live leases (the reaper keeps the held rows it
+-- passed). Completed rows written before this migration get their
 -- updated_at as the end of their last lease.
 DROP INDEX idempotency_records_lease_until;
 UPDATE idempotency_records SET lease_until = updated_at
  WHERE state = 'completed' AND lease_until IS NULL;
-UPDATE idempotency_records SET lease_until = NULL
- WHERE state = 'processing' AND hold_on_unknown AND lease_until <= now();
 CREATE INDEX idempotency_records_lease_end
     ON idempotency_records (lease_until);
 -- New pages only: rows already stored stay where they are.
@@ -32,9 +29,7 @@ ALTER TABLE idempotency_records SET (fillfactor = 70);
 -- idem_claim, as in 002, but a claim first tries the insert of a fresh key
 -- (ON CONFLICT DO NOTHING: an existing row is left alone and the claim goes
 -- on as before, reading it): a first attempt runs one statement instead of
--- a read, then the insert, and returns without a query. A held row may now
--- have no lease_until: it is not alive (NULL > now() is not true), as
--- before when its lease had ended.
+-- a read, then the insert, and returns without a query.
 CREATE OR REPLACE FUNCTION idem_claim(p_tenant text, p_operation text, p_key text,
                            p_hash bytea, p_lease_ms bigint, p_ttl_ms bigint,
                            p_hold boolean, p_owner uuid)

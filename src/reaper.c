@@ -27,8 +27,10 @@ struct reaper {
 	bool stopping;
 	bool was_down;
 	/* Where the walk of ended leases stands (reaper thread only): the
-	 * last lease_until it walked; it starts at the beginning. */
+	 * last lease_until it walked (it starts at the beginning), and the
+	 * held rows it passed that are still held (a tid[] as text). */
 	char since[64];
+	ip_buf held;
 };
 
 /* Runs one batch statement until a batch comes back less than full. */
@@ -55,7 +57,7 @@ static int reap(reaper *r, int batch, int *total, char *err, size_t errlen)
 	while (more) {
 		int n = 0;
 		if (store_reap_leases(r->st, batch, r->since, sizeof r->since,
-				      &n, &more, err, errlen))
+				      &r->held, &n, &more, err, errlen))
 			return -1;
 		*total += n;
 	}
@@ -72,8 +74,8 @@ static void pass(reaper *r, const reaper_settings *set)
 	if (reap(r, set->batch, &released, err, sizeof err) ||
 	    drain(r, set->batch, store_purge_expired, &purged, err,
 		  sizeof err) ||
-	    store_processing_stats(r->st, r->since, &count, &age, err,
-				   sizeof err)) {
+	    store_processing_stats(r->st, r->since, &r->held, &count, &age,
+				   err, sizeof err)) {
 		metrics_set_store_up(false);
 		if (!r->was_down)
 			log_error("reaper: store unavailable", "%s", err);
@@ -170,6 +172,7 @@ void reaper_stop(reaper *r)
 	pthread_mutex_unlock(&r->mu);
 	pthread_join(r->thread, NULL);
 	store_free(r->st);
+	ip_buf_free(&r->held);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
 	free(r);

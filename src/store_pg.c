@@ -62,30 +62,33 @@ static const stmt_def stmts[] = {
 	 "AND owner_token = $4 AND state = 'processing'"},
 	/* Dead leases are found by walking the lease_until index from where
 	 * the last walk ended ($2), $1 rows at a time, not by an index of
-	 * processing rows (complete would have to update it). A held row
-	 * stays processing with lease_until NULL: the gauges below still see
-	 * it, and the walk does not meet it again. Returns the rows released,
-	 * the rows walked and the last lease_until walked. */
-	{"reap_leases", 2,
-	 {OID_INT4, OID_TSTZ},
-	 "WITH walk AS (SELECT tenant, operation, idem_key, lease_until "
-	 "FROM idempotency_records WHERE lease_until >= $2 "
-	 "AND lease_until <= now() ORDER BY lease_until LIMIT $1), "
-	 "due AS (SELECT t.tenant, t.operation, t.idem_key, "
-	 "t.hold_on_unknown FROM idempotency_records t JOIN walk w "
+	 * processing rows (complete would have to update it). A held row is
+	 * neither written nor locked: its row's ctid joins the list ($3) the
+	 * gauges below look at. Returns the rows released, the rows walked,
+	 * the last lease_until walked and the list of held rows. */
+	{"reap_leases", 3,
+	 {OID_INT4, OID_TSTZ, OID_TEXT},
+	 "WITH walk AS (SELECT ctid, tenant, operation, idem_key, "
+	 "lease_until, state, hold_on_unknown FROM idempotency_records "
+	 "WHERE lease_until >= $2 AND lease_until <= now() "
+	 "ORDER BY lease_until LIMIT $1), "
+	 "due AS (SELECT t.tenant, t.operation, t.idem_key "
+	 "FROM idempotency_records t JOIN walk w "
 	 "ON t.tenant = w.tenant AND t.operation = w.operation "
-	 "AND t.idem_key = w.idem_key WHERE t.state = 'processing' "
-	 "AND t.lease_until <= now() FOR UPDATE OF t SKIP LOCKED), "
-	 "done AS (UPDATE idempotency_records t SET "
-	 "state = CASE WHEN due.hold_on_unknown THEN 'processing' "
-	 "ELSE 'released' END, lease_until = NULL, "
-	 "updated_at = CASE WHEN due.hold_on_unknown THEN t.updated_at "
-	 "ELSE now() END FROM due "
+	 "AND t.idem_key = w.idem_key WHERE w.state = 'processing' "
+	 "AND NOT w.hold_on_unknown AND t.state = 'processing' "
+	 "AND t.lease_until <= now() AND NOT t.hold_on_unknown "
+	 "FOR UPDATE OF t SKIP LOCKED), "
+	 "done AS (UPDATE idempotency_records t SET state = 'released', "
+	 "lease_until = NULL, updated_at = now() FROM due "
 	 "WHERE t.tenant = due.tenant AND t.operation = due.operation "
-	 "AND t.idem_key = due.idem_key RETURNING t.state) "
-	 "SELECT (SELECT count(*) FROM done WHERE state = 'released')::int4, "
+	 "AND t.idem_key = due.idem_key RETURNING 1) "
+	 "SELECT (SELECT count(*) FROM done)::int4, "
 	 "(SELECT count(*) FROM walk)::int4, "
-	 "(SELECT max(lease_until) FROM walk)::text"},
+	 "(SELECT max(lease_until) FROM walk)::text, "
+	 "(SELECT array(SELECT DISTINCT x FROM unnest($3::tid[] || "
+	 "array(SELECT ctid FROM walk WHERE state = 'processing' "
+	 "AND hold_on_unknown)) x))::text"},
 	{"purge", 1,
 	 {OID_INT4},
 	 "WITH doomed AS (SELECT tenant, operation, idem_key "
@@ -102,15 +105,24 @@ static const stmt_def stmts[] = {
 	 "SELECT state FROM idempotency_records "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4"},
-	/* Processing rows: a live lease, a lease the walk ($1) has not
-	 * reached yet, or a held row whose lease ended (lease_until NULL);
-	 * two ranges of the lease_until index. */
-	{"processing_stats", 1,
-	 {OID_TSTZ},
-	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
-	 "min(updated_at)), 0)::float8::text FROM idempotency_records "
-	 "WHERE state = 'processing' AND (lease_until >= $1 "
-	 "OR lease_until IS NULL)"},
+	/* Processing rows: a live lease or one the walk ($1) has not reached
+	 * (a range of the lease_until index), and the held rows the walk
+	 * passed ($2, by ctid: a row changed since is another version, and
+	 * what it became is in the range if it is processing again). Returns
+	 * the count, the oldest one's age and the held rows still held. */
+	{"processing_stats", 2,
+	 {OID_TSTZ, OID_TEXT},
+	 "WITH live AS (SELECT updated_at FROM idempotency_records "
+	 "WHERE state = 'processing' AND lease_until >= $1), "
+	 "held AS (SELECT ctid, updated_at FROM idempotency_records "
+	 "WHERE ctid = ANY ($2::tid[]) AND state = 'processing' "
+	 "AND hold_on_unknown AND lease_until < $1) "
+	 "SELECT ((SELECT count(*) FROM live) + "
+	 "(SELECT count(*) FROM held))::int8, "
+	 "coalesce(extract(epoch FROM now() - least("
+	 "(SELECT min(updated_at) FROM live), "
+	 "(SELECT min(updated_at) FROM held))), 0)::float8::text, "
+	 "(SELECT array(SELECT ctid FROM held))::text"},
 };
 
 enum {
@@ -455,7 +467,8 @@ static int batch_stmt(store *s, int st, int batch, int *n, char *err,
 }
 
 int store_reap_leases(store *s, int batch, char *since, size_t since_len,
-		      int *released, bool *more, char *err, size_t errlen)
+		      ip_buf *held, int *released, bool *more, char *err,
+		      size_t errlen)
 {
 	*released = 0;
 	*more = false;
@@ -463,12 +476,14 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 		return -1;
 	char b[16];
 	snprintf(b, sizeof b, "%d", batch);
-	const char *vals[2] = {b, since};
+	const char *vals[3] = {b, since, held->data ? held->data : "{}"};
 	PGresult *r = run(s, ST_REAP, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "reap");
 	if (!rc && PQntuples(r) == 1) {
 		*released = atoi(PQgetvalue(r, 0, 0));
 		int walked = atoi(PQgetvalue(r, 0, 1));
+		ip_buf_reset(held);
+		ip_buf_puts(held, PQgetvalue(r, 0, 3));
 		/* The next walk starts at the last lease_until walked (>=:
 		 * another row may end at the same microsecond); a batch of
 		 * one instant only would never move on. */
@@ -488,17 +503,20 @@ int store_purge_expired(store *s, int batch, int *purged, char *err,
 	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
 }
 
-int store_processing_stats(store *s, const char *since, int64_t *count,
-			   double *oldest_age_s, char *err, size_t errlen)
+int store_processing_stats(store *s, const char *since, ip_buf *held,
+			   int64_t *count, double *oldest_age_s, char *err,
+			   size_t errlen)
 {
 	if (store_ensure(s, err, errlen))
 		return -1;
-	const char *vals[1] = {since};
+	const char *vals[2] = {since, held->data ? held->data : "{}"};
 	PGresult *r = run(s, ST_STATS, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "stats");
 	if (!rc) {
 		*count = atoll(PQgetvalue(r, 0, 0));
 		*oldest_age_s = atof(PQgetvalue(r, 0, 1));
+		ip_buf_reset(held);
+		ip_buf_puts(held, PQgetvalue(r, 0, 2));
 	}
 	PQclear(r);
 	return rc;

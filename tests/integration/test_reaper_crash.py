@@ -55,22 +55,13 @@ def test_reaper_honours_hold(make_proxy, stub, pg):
     proxy = make_proxy(top=FAST_REAPER)
     held = new_key("held")
     insert_record(pg, held, lease="now() - interval '1 minute'", hold=True)
-    first = pg.record(held)
-    # The first pass to walk past its lease marks it (lease_until NULL: the
-    # processing gauges keep seeing it); nothing else changes, and no later
-    # pass writes it again.
-    reaper_pass(pg)
     before = row_version(pg, held)
-    for _ in range(2):
+    for _ in range(3):
         reaper_pass(pg)
     rec = pg.record(held)
     assert rec["state"] == "processing"
     assert rec["hold_on_unknown"] is True
-    assert rec["lease_until"] is None
-    for col in ("owner_token", "attempt", "updated_at", "created_at", "expires_at"):
-        assert rec[col] == first[col], col
     assert row_version(pg, held) == before
-    assert metric(proxy, "idemproxy_processing_records") >= 1
     assert released_total(proxy) >= 3  # the canaries, not the held record
 
 
