@@ -560,8 +560,18 @@ static PGconn *plain_connect(store *s, char *err, size_t errlen)
 	return c;
 }
 
-static int version_on(PGconn *c, int *version, char *err, size_t errlen)
+static bool has_version(const PGresult *r, int v)
 {
+	for (int i = 0; i < PQntuples(r); i++)
+		if (atoi(PQgetvalue(r, i, 0)) == v)
+			return true;
+	return false;
+}
+
+/* The applied migrations (NULL result: none yet), or -1. */
+static int applied_on(PGconn *c, PGresult **out, char *err, size_t errlen)
+{
+	*out = NULL;
 	PGresult *r = PQexec(c, "SELECT to_regclass('schema_migrations') IS "
 				"NOT NULL");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
@@ -571,16 +581,40 @@ static int version_on(PGconn *c, int *version, char *err, size_t errlen)
 	}
 	bool exists = PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
-	*version = 0;
 	if (!exists)
 		return 0;
-	r = PQexec(c, "SELECT coalesce(max(version), 0) FROM schema_migrations");
+	r = PQexec(c, "SELECT version FROM schema_migrations");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		pg_link_err(err, errlen, "schema", PQresultErrorMessage(r));
 		PQclear(r);
 		return -1;
 	}
-	*version = atoi(PQgetvalue(r, 0, 0));
+	*out = r;
+	return 0;
+}
+
+/* The schema's version: the last embedded migration before the first one
+ * missing (migrations are numbered apart by the branches that add them, so
+ * a database may have a later one without an earlier one), or, with all of
+ * them applied, the highest applied (a newer binary's). */
+static int version_on(PGconn *c, int *version, char *err, size_t errlen)
+{
+	PGresult *r;
+	*version = 0;
+	if (applied_on(c, &r, err, errlen))
+		return -1;
+	if (!r)
+		return 0;
+	bool all = true;
+	for (int i = 0; i < ip_n_migrations && all; i++) {
+		if (has_version(r, ip_migrations[i].version))
+			*version = ip_migrations[i].version;
+		else
+			all = false;
+	}
+	for (int i = 0; all && i < PQntuples(r); i++)
+		if (atoi(PQgetvalue(r, i, 0)) > *version)
+			*version = atoi(PQgetvalue(r, i, 0));
 	PQclear(r);
 	return 0;
 }
@@ -661,16 +695,21 @@ int store_migrate(store *s, int *applied, char *err, size_t errlen)
 		   "applied_at timestamptz NOT NULL DEFAULT now())",
 		   err, errlen, "schema_migrations"))
 		goto out;
-	int have;
-	if (version_on(c, &have, err, errlen))
+	/* Every embedded migration not applied yet, in order: not only those
+	 * above the highest applied one. */
+	PGresult *have;
+	if (applied_on(c, &have, err, errlen))
 		goto out;
 	for (int i = 0; i < ip_n_migrations; i++) {
-		if (ip_migrations[i].version <= have)
+		if (have && has_version(have, ip_migrations[i].version))
 			continue;
-		if (apply_one(c, &ip_migrations[i], err, errlen))
+		if (apply_one(c, &ip_migrations[i], err, errlen)) {
+			PQclear(have);
 			goto out;
+		}
 		(*applied)++;
 	}
+	PQclear(have);
 	rc = 0;
 out:
 	PQfinish(c);
