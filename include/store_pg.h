@@ -110,12 +110,21 @@ int store_release(store *s, const record_key *k, bool *fenced, char *err,
 		  size_t errlen) IP_WUR;
 
 /* Reaper statements. */
-int store_reap_leases(store *s, int batch, int *released, char *err,
+/* Walks up to batch rows whose lease ended at or after *since (text of a
+ * timestamptz; "-infinity" at first), releasing the processing ones that
+ * are not held; the held ones join *held (a tid[] as text, "{}" or empty at
+ * first). since advances to the last lease walked, and *more says a full
+ * batch was walked. */
+int store_reap_leases(store *s, int batch, char *since, size_t since_len,
+		      ip_buf *held, int *released, bool *more, char *err,
 		      size_t errlen) IP_WUR;
 int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen) IP_WUR;
-int store_processing_stats(store *s, int64_t *count, double *oldest_age_s,
-			   char *err, size_t errlen) IP_WUR;
+/* Processing rows and the oldest one's age, from since and held as the
+ * walk left them; held keeps the rows still held. */
+int store_processing_stats(store *s, const char *since, ip_buf *held,
+			   int64_t *count, double *oldest_age_s, char *err,
+			   size_t errlen) IP_WUR;
 
 /* Schema: the highest applied migration (0 if none). */
 int store_schema_version(store *s, int *version, char *err,

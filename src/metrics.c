@@ -3,15 +3,19 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "busy.h"
 
-/* Labelled counters live in a small open table keyed by family and labels;
- * the set of routes is small and stable, so a linear scan under one mutex is
- * cheap next to a database round trip. */
+/* Counters and histograms are kept per thread: each thread writes only its
+ * own shard, without a lock (relaxed atomics, so a scrape reads whole
+ * values), and /metrics sums the shards under the lock that guards their
+ * list. The few series a thread cannot fit in its shard, and the gauges,
+ * go to the process-wide table under that lock. */
 #define MAX_SERIES 4096
+#define SHARD_SERIES 256
 
 typedef struct series {
 	const char *family;  /* static string */
@@ -36,6 +40,51 @@ typedef struct histogram {
 	double sum;
 	uint64_t count;
 } histogram;
+
+/* One thread's share: a series is its family and its label values (a
+ * rendered set of labels is only built at scrape). */
+typedef struct shard_series {
+	const char *family;
+	char a[64], b[64];
+	_Atomic uint64_t value;
+} shard_series;
+
+typedef struct shard_hist {
+	_Atomic uint64_t counts[NBUCKETS + 1];
+	_Atomic uint64_t sum_ns;
+} shard_hist;
+
+enum { H_REQUEST, H_STORE, H_UPSTREAM, N_HIST };
+
+typedef struct shard {
+	shard_series s[SHARD_SERIES];
+	atomic_int n; /* published entries of s, release/acquire */
+	shard_hist h[N_HIST];
+	struct shard *next;
+} shard;
+
+static shard *shards; /* under mu; shards live as long as the process */
+static __thread shard *my_shard_p;
+
+static shard *my_shard(void)
+{
+	if (!my_shard_p) {
+		shard *sh = xcalloc(1, sizeof *sh);
+		pthread_mutex_lock(&mu);
+		sh->next = shards;
+		shards = sh;
+		pthread_mutex_unlock(&mu);
+		my_shard_p = sh;
+	}
+	return my_shard_p;
+}
+
+/* Only the owner writes: a load and a store, no locked instruction. */
+static void bump(_Atomic uint64_t *v, uint64_t n)
+{
+	atomic_store_explicit(v, atomic_load_explicit(v, memory_order_relaxed) + n,
+			      memory_order_relaxed);
+}
 
 static histogram h_request = {"idemproxy_request_duration_seconds",
 			      "Time from a complete request to its answer.",
@@ -96,41 +145,72 @@ static const char F_UPSTREAM[] = "idemproxy_upstream_responses_total";
 static const char F_TAKEOVERS[] = "idemproxy_takeovers_total";
 static const char F_EVENTS[] = "idemproxy_events_total";
 
+/* The labels of a family's series from its values. */
+static void render_labels(char *l, size_t n, const char *family,
+			  const char *a, const char *b)
+{
+	if (family == F_REQUESTS)
+		snprintf(l, n, "route=\"%s\",outcome=\"%s\"", a, b);
+	else if (family == F_UPSTREAM)
+		snprintf(l, n, "route=\"%s\",class=\"%s\"", a, b);
+	else if (family == F_TAKEOVERS)
+		snprintf(l, n, "route=\"%s\"", a);
+	else
+		snprintf(l, n, "event=\"%s\"", a);
+}
+
+/* Counts one in this thread's shard; a b of NULL is no second label. */
+static void count(const char *family, const char *a_raw, const char *b_raw)
+{
+	char a[64], b[64];
+	label_copy(a, sizeof a, a_raw ? a_raw : "");
+	label_copy(b, sizeof b, b_raw ? b_raw : "");
+	shard *sh = my_shard();
+	int n = atomic_load_explicit(&sh->n, memory_order_relaxed);
+	for (int i = 0; i < n; i++) {
+		shard_series *x = &sh->s[i];
+		if (x->family == family && !strcmp(x->a, a) &&
+		    !strcmp(x->b, b)) {
+			bump(&x->value, 1);
+			return;
+		}
+	}
+	if (n < SHARD_SERIES) {
+		shard_series *x = &sh->s[n];
+		x->family = family;
+		memcpy(x->a, a, sizeof a);
+		memcpy(x->b, b, sizeof b);
+		atomic_store_explicit(&x->value, 1, memory_order_relaxed);
+		atomic_store_explicit(&sh->n, n + 1, memory_order_release);
+		return;
+	}
+	char l[160];
+	render_labels(l, sizeof l, family, a, b);
+	add(family, l, 1);
+}
+
 void metrics_request(const char *route, const char *outcome)
 {
-	char r[64], o[64], l[160];
-	label_copy(r, sizeof r, route ? route : "");
-	label_copy(o, sizeof o, outcome);
-	snprintf(l, sizeof l, "route=\"%s\",outcome=\"%s\"", r, o);
-	add(F_REQUESTS, l, 1);
+	count(F_REQUESTS, route, outcome);
 }
 
 void metrics_upstream_response(const char *route, int status)
 {
-	char r[64], l[160];
-	label_copy(r, sizeof r, route ? route : "");
-	if (status >= 100 && status < 600)
-		snprintf(l, sizeof l, "route=\"%s\",class=\"%dxx\"", r,
-			 status / 100);
-	else
-		snprintf(l, sizeof l, "route=\"%s\",class=\"error\"", r);
-	add(F_UPSTREAM, l, 1);
+	static const char *const classes[] = {"1xx", "2xx", "3xx", "4xx",
+					      "5xx"};
+	count(F_UPSTREAM, route,
+	      status >= 100 && status < 600 ? classes[status / 100 - 1]
+					    : "error");
 }
 
 void metrics_takeover(const char *route)
 {
-	char r[64], l[160];
-	label_copy(r, sizeof r, route ? route : "");
-	snprintf(l, sizeof l, "route=\"%s\"", r);
-	add(F_TAKEOVERS, l, 1);
+	count(F_TAKEOVERS, route, NULL);
 }
 
 void metrics_event(const char *name)
 {
-	char e[64], l[160];
-	label_copy(e, sizeof e, name);
-	snprintf(l, sizeof l, "event=\"%s\"", e);
-	add(F_EVENTS, l, 1);
+	count(F_EVENTS, name, NULL);
 }
 
 void metrics_reaper(int released, int purged)
@@ -152,22 +232,20 @@ void metrics_set_replay_cache(size_t entries, size_t bytes)
 	pthread_mutex_unlock(&mu);
 }
 
-static void observe(histogram *h, double ms)
+static void observe(int which, double ms)
 {
-	double s = ms / 1000.0;
-	pthread_mutex_lock(&mu);
+	double sec = ms / 1000.0;
 	size_t i = 0;
-	while (i < NBUCKETS && s > buckets_s[i])
+	while (i < NBUCKETS && sec > buckets_s[i])
 		i++;
-	h->counts[i]++;
-	h->sum += s;
-	h->count++;
-	pthread_mutex_unlock(&mu);
+	shard_hist *h = &my_shard()->h[which];
+	bump(&h->counts[i], 1);
+	bump(&h->sum_ns, ms > 0 ? (uint64_t)(ms * 1e6) : 0);
 }
 
-void metrics_observe_request_ms(double ms) { observe(&h_request, ms); }
-void metrics_observe_store_ms(double ms) { observe(&h_store, ms); }
-void metrics_observe_upstream_ms(double ms) { observe(&h_upstream, ms); }
+void metrics_observe_request_ms(double ms) { observe(H_REQUEST, ms); }
+void metrics_observe_store_ms(double ms) { observe(H_STORE, ms); }
+void metrics_observe_upstream_ms(double ms) { observe(H_UPSTREAM, ms); }
 
 void metrics_set_processing(int64_t count, double oldest_age_s)
 {
@@ -184,15 +262,70 @@ void metrics_set_store_up(bool up)
 	pthread_mutex_unlock(&mu);
 }
 
-static void render_family(ip_buf *out, const char *family, const char *help)
+/* The process-wide table and every shard, summed (called with mu held). */
+static series *merged(int *n)
+{
+	int cap = nseries + 64, k = nseries;
+	series *v = xmalloc((size_t)cap * sizeof *v);
+	memcpy(v, table, (size_t)nseries * sizeof *v);
+	for (shard *sh = shards; sh; sh = sh->next) {
+		int m = atomic_load_explicit(&sh->n, memory_order_acquire);
+		for (int i = 0; i < m; i++) {
+			const shard_series *x = &sh->s[i];
+			char l[160];
+			render_labels(l, sizeof l, x->family, x->a, x->b);
+			uint64_t val = atomic_load_explicit(
+				&x->value, memory_order_relaxed);
+			int j = 0;
+			while (j < k && !(v[j].family == x->family &&
+					  !strcmp(v[j].labels, l)))
+				j++;
+			if (j == k) {
+				if (k == cap) {
+					cap *= 2;
+					v = xrealloc(v, (size_t)cap * sizeof *v);
+				}
+				v[k].family = x->family;
+				snprintf(v[k].labels, sizeof v[k].labels, "%s", l);
+				v[k].value = 0;
+				k++;
+			}
+			v[j].value += val;
+		}
+	}
+	*n = k;
+	return v;
+}
+
+static void render_family(ip_buf *out, const series *v, int n,
+			  const char *family, const char *help)
 {
 	ip_buf_printf(out, "# HELP %s %s\n# TYPE %s counter\n", family, help,
 		      family);
-	for (int i = 0; i < nseries; i++)
-		if (table[i].family == family)
+	for (int i = 0; i < n; i++)
+		if (v[i].family == family)
 			ip_buf_printf(out, "%s{%s} %llu\n", family,
-				      table[i].labels,
-				      (unsigned long long)table[i].value);
+				      v[i].labels,
+				      (unsigned long long)v[i].value);
+}
+
+/* A histogram's shards, summed (called with mu held); its count is the
+ * sum of its buckets, so the two always agree. */
+static histogram merged_hist(const histogram *h, int which)
+{
+	histogram m = {h->name, h->help, {0}, 0, 0};
+	uint64_t ns = 0;
+	for (shard *sh = shards; sh; sh = sh->next) {
+		const shard_hist *x = &sh->h[which];
+		for (size_t i = 0; i <= NBUCKETS; i++)
+			m.counts[i] += atomic_load_explicit(
+				&x->counts[i], memory_order_relaxed);
+		ns += atomic_load_explicit(&x->sum_ns, memory_order_relaxed);
+	}
+	for (size_t i = 0; i <= NBUCKETS; i++)
+		m.count += m.counts[i];
+	m.sum = (double)ns / 1e9;
+	return m;
 }
 
 static void render_histogram(ip_buf *out, const histogram *h)
@@ -235,16 +368,21 @@ void metrics_render(ip_buf *out)
 		snprintf(l, sizeof l, "event=\"%s\"", known_events[i]);
 		add_locked(F_EVENTS, l, 0);
 	}
-	render_family(out, F_REQUESTS, "Requests by route and outcome.");
-	render_family(out, F_UPSTREAM,
+	int n;
+	series *v = merged(&n);
+	render_family(out, v, n, F_REQUESTS, "Requests by route and outcome.");
+	render_family(out, v, n, F_UPSTREAM,
 		      "Upstream responses by route and status class.");
-	render_family(out, F_TAKEOVERS,
+	render_family(out, v, n, F_TAKEOVERS,
 		      "Keys taken over from a released or expired attempt.");
-	render_family(out, F_EVENTS,
+	render_family(out, v, n, F_EVENTS,
 		      "Notable events (record_failed, record_fenced, ...).");
-	render_histogram(out, &h_request);
-	render_histogram(out, &h_store);
-	render_histogram(out, &h_upstream);
+	free(v);
+	histogram hs[N_HIST] = {merged_hist(&h_request, H_REQUEST),
+				merged_hist(&h_store, H_STORE),
+				merged_hist(&h_upstream, H_UPSTREAM)};
+	for (int i = 0; i < N_HIST; i++)
+		render_histogram(out, &hs[i]);
 	render_scalar(out, "idemproxy_reaper_released_total", "counter",
 		      "Processing records released by the reaper.",
 		      (double)reaper_released);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -25,6 +26,11 @@ struct reaper {
 	pthread_cond_t cv;
 	bool stopping;
 	bool was_down;
+	/* Where the walk of ended leases stands (reaper thread only): the
+	 * last lease_until it walked (it starts at the beginning), and the
+	 * held rows it passed that are still held (a tid[] as text). */
+	char since[64];
+	ip_buf held;
 };
 
 /* Runs one batch statement until a batch comes back less than full. */
@@ -43,6 +49,21 @@ static int drain(reaper *r, int batch,
 	}
 }
 
+/* Walks the leases that ended since the last walk, a batch at a time. */
+static int reap(reaper *r, int batch, int *total, char *err, size_t errlen)
+{
+	*total = 0;
+	bool more = true;
+	while (more) {
+		int n = 0;
+		if (store_reap_leases(r->st, batch, r->since, sizeof r->since,
+				      &r->held, &n, &more, err, errlen))
+			return -1;
+		*total += n;
+	}
+	return 0;
+}
+
 static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
@@ -50,11 +71,11 @@ static void pass(reaper *r, const reaper_settings *set)
 	int released = 0, purged = 0;
 	int64_t count = 0;
 	double age = 0;
-	if (drain(r, set->batch, store_reap_leases, &released, err,
-		  sizeof err) ||
+	if (reap(r, set->batch, &released, err, sizeof err) ||
 	    drain(r, set->batch, store_purge_expired, &purged, err,
 		  sizeof err) ||
-	    store_processing_stats(r->st, &count, &age, err, sizeof err)) {
+	    store_processing_stats(r->st, r->since, &r->held, &count, &age,
+				   err, sizeof err)) {
 		metrics_set_store_up(false);
 		if (!r->was_down)
 			log_error("reaper: store unavailable", "%s", err);
@@ -126,6 +147,7 @@ reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
 	r->st = store_new(db_url, statement_timeout_ms);
 	store_set_distributed(r->st, distributed);
 	r->set = settings_of(interval_ms, batch, statement_timeout_ms);
+	snprintf(r->since, sizeof r->since, "-infinity");
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	IP_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
@@ -151,6 +173,7 @@ void reaper_stop(reaper *r)
 	pthread_mutex_unlock(&r->mu);
 	pthread_join(r->thread, NULL);
 	store_free(r->st);
+	ip_buf_free(&r->held);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
 	free(r);

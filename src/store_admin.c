@@ -87,7 +87,9 @@ int store_admin_ready(store_admin *s, int want, char *err, size_t errlen)
 
 static const char get_sql[] =
 	"SELECT tenant, operation, idem_key, state, attempt, "
-	"encode(request_hash, 'hex'), owner_token::text, " TS("lease_until")
+	"encode(request_hash, 'hex'), owner_token::text, "
+	/* A completed row keeps the end of its last lease (006): not a lease. */
+	TS("CASE WHEN state = 'processing' THEN lease_until END")
 	", " TS("created_at") ", " TS("updated_at") ", " TS("expires_at")
 	", expires_at <= now(), hold_on_unknown, response_status, "
 	"encode(response_headers, 'hex'), "

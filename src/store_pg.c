@@ -3,6 +3,7 @@
 #include "store_pg.h"
 
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
 #include <openssl/rand.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,7 @@ struct store {
 #define OID_INT4 23
 #define OID_TEXT 25
 #define OID_UUID 2950
+#define OID_TSTZ 1184
 
 typedef struct stmt_def {
 	const char *name;
@@ -42,14 +44,15 @@ static const stmt_def stmts[] = {
 	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8)"},
 	/* A late answer may still be recorded after the reaper released the
 	 * record, as long as no other attempt took it over (owner unchanged):
-	 * it is the truth about the one attempt that was sent. */
+	 * it is the truth about the one attempt that was sent. It changes no
+	 * indexed column (lease_until keeps the end of the last lease), so it
+	 * is a HOT update (sql/006_hot_complete.sql). */
 	{"complete", 9,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID, OID_INT4, OID_BYTEA, OID_BYTEA,
 	  OID_BOOL, OID_TEXT},
 	 "UPDATE idempotency_records SET state = 'completed', "
 	 "response_status = $5, response_headers = $6, response_body = $7, "
-	 "replayable = $8, seal_key = $9, lease_until = NULL, "
-	 "updated_at = now() "
+	 "replayable = $8, seal_key = $9, updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4 AND state IN ('processing', 'released') "
 	 "AND expires_at > now()"},
@@ -59,16 +62,35 @@ static const stmt_def stmts[] = {
 	 "lease_until = NULL, updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4 AND state = 'processing'"},
-	{"reap_leases", 1,
-	 {OID_INT4},
-	 "WITH due AS (SELECT tenant, operation, idem_key "
-	 "FROM idempotency_records WHERE state = 'processing' "
-	 "AND lease_until <= now() AND NOT hold_on_unknown "
-	 "LIMIT $1 FOR UPDATE SKIP LOCKED) "
-	 "UPDATE idempotency_records t SET state = 'released', "
+	/* Dead leases are found by walking the lease_until index from where
+	 * the last walk ended ($2), $1 rows at a time, not by an index of
+	 * processing rows (complete would have to update it). A held row is
+	 * neither written nor locked: its row's ctid joins the list ($3) the
+	 * gauges below look at. Returns the rows released, the rows walked,
+	 * the last lease_until walked and the list of held rows. */
+	{"reap_leases", 3,
+	 {OID_INT4, OID_TSTZ, OID_TEXT},
+	 "WITH walk AS (SELECT ctid, tenant, operation, idem_key, "
+	 "lease_until, state, hold_on_unknown FROM idempotency_records "
+	 "WHERE lease_until >= $2 AND lease_until <= now() "
+	 "ORDER BY lease_until LIMIT $1), "
+	 "due AS (SELECT t.tenant, t.operation, t.idem_key "
+	 "FROM idempotency_records t JOIN walk w "
+	 "ON t.tenant = w.tenant AND t.operation = w.operation "
+	 "AND t.idem_key = w.idem_key WHERE w.state = 'processing' "
+	 "AND NOT w.hold_on_unknown AND t.state = 'processing' "
+	 "AND t.lease_until <= now() AND NOT t.hold_on_unknown "
+	 "FOR UPDATE OF t SKIP LOCKED), "
+	 "done AS (UPDATE idempotency_records t SET state = 'released', "
 	 "lease_until = NULL, updated_at = now() FROM due "
 	 "WHERE t.tenant = due.tenant AND t.operation = due.operation "
-	 "AND t.idem_key = due.idem_key"},
+	 "AND t.idem_key = due.idem_key RETURNING 1) "
+	 "SELECT (SELECT count(*) FROM done)::int4, "
+	 "(SELECT count(*) FROM walk)::int4, "
+	 "(SELECT max(lease_until) FROM walk)::text, "
+	 "(SELECT array(SELECT DISTINCT x FROM unnest($3::tid[] || "
+	 "array(SELECT ctid FROM walk WHERE state = 'processing' "
+	 "AND hold_on_unknown)) x))::text"},
 	{"purge", 1,
 	 {OID_INT4},
 	 "WITH doomed AS (SELECT tenant, operation, idem_key "
@@ -85,6 +107,24 @@ static const stmt_def stmts[] = {
 	 "SELECT state FROM idempotency_records "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4"},
+	/* Processing rows: a live lease or one the walk ($1) has not reached
+	 * (a range of the lease_until index), and the held rows the walk
+	 * passed ($2, by ctid: a row changed since is another version, and
+	 * what it became is in the range if it is processing again). Returns
+	 * the count, the oldest one's age and the held rows still held. */
+	{"processing_stats", 2,
+	 {OID_TSTZ, OID_TEXT},
+	 "WITH live AS (SELECT updated_at FROM idempotency_records "
+	 "WHERE state = 'processing' AND lease_until >= $1), "
+	 "held AS (SELECT ctid, updated_at FROM idempotency_records "
+	 "WHERE ctid = ANY ($2::tid[]) AND state = 'processing' "
+	 "AND hold_on_unknown AND lease_until < $1) "
+	 "SELECT ((SELECT count(*) FROM live) + "
+	 "(SELECT count(*) FROM held))::int8, "
+	 "coalesce(extract(epoch FROM now() - least("
+	 "(SELECT min(updated_at) FROM live), "
+	 "(SELECT min(updated_at) FROM held))), 0)::float8::text, "
+	 "(SELECT array(SELECT ctid FROM held))::text"},
 	/* Citus refuses a cross-shard UPDATE or DELETE driven by a
 	 * SELECT .. FOR UPDATE SKIP LOCKED: on a distributed store the reaper
 	 * sends the batch statement ($1, with %1$s for the shard) to every
@@ -97,7 +137,9 @@ static const stmt_def stmts[] = {
 	 "SELECT success, result, CASE WHEN success THEN "
 	 "split_part(result, ' ', 2)::int8 END AS n "
 	 "FROM run_command_on_shards('idempotency_records', $1)) r"},
-	{"processing_stats", 0,
+	/* On Citus: every shard, in parallel (the walk of the plain store
+	 * keeps its place in one index, not in each shard's). */
+	{"processing_stats_all", 0,
 	 {0},
 	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
 	 "min(updated_at)), 0)::float8::text FROM idempotency_records "
@@ -111,8 +153,9 @@ enum {
 	ST_REAP,
 	ST_PURGE,
 	ST_OWNED,
+	ST_STATS,
 	ST_PER_SHARD,
-	ST_STATS
+	ST_STATS_ALL
 };
 
 /* The reaper's statements as run on each shard (%1$s, formatted by
@@ -174,9 +217,27 @@ bool store_outage(const store *s)
 	return s->outage;
 }
 
+/* Tokens come from a per-thread pool that RAND_bytes refills 64 at a time:
+ * one call per token cost as much as the rest of the claim's client side.
+ * The bytes are the same CSPRNG's, used once each. */
+#define TOKEN_POOL 64
+
+static __thread struct {
+	uint8_t bytes[TOKEN_POOL * STORE_TOKEN_LEN];
+	int left;
+} token_pool;
+
 void store_new_token(uint8_t out[STORE_TOKEN_LEN])
 {
-	IP_ASSERT(RAND_bytes(out, STORE_TOKEN_LEN) == 1);
+	if (token_pool.left == 0) {
+		IP_ASSERT(RAND_bytes(token_pool.bytes,
+				     sizeof token_pool.bytes) == 1);
+		token_pool.left = TOKEN_POOL;
+	}
+	token_pool.left--;
+	uint8_t *p = token_pool.bytes + token_pool.left * STORE_TOKEN_LEN;
+	memcpy(out, p, STORE_TOKEN_LEN);
+	OPENSSL_cleanse(p, STORE_TOKEN_LEN);
 	out[6] = (uint8_t)((out[6] & 0x0f) | 0x40); /* a version 4 UUID */
 	out[8] = (uint8_t)((out[8] & 0x3f) | 0x80);
 }
@@ -504,13 +565,38 @@ static int shard_batch(store *s, bool purge, int batch, int *n, char *err,
 	return rc;
 }
 
-int store_reap_leases(store *s, int batch, int *released, char *err,
+int store_reap_leases(store *s, int batch, char *since, size_t since_len,
+		      ip_buf *held, int *released, bool *more, char *err,
 		      size_t errlen)
 {
+	*released = 0;
+	*more = false;
 	if (s->citus)
-		return shard_batch(s, false, batch, released, err,
-				   errlen, "reap");
-	return batch_stmt(s, ST_REAP, batch, released, err, errlen, "reap");
+		return shard_batch(s, false, batch, released, err, errlen,
+				   "reap");
+	if (store_ensure(s, err, errlen))
+		return -1;
+	char b[16];
+	snprintf(b, sizeof b, "%d", batch);
+	const char *vals[3] = {b, since, held->data ? held->data : "{}"};
+	PGresult *r = run(s, ST_REAP, vals, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "reap");
+	if (!rc && PQntuples(r) == 1) {
+		*released = atoi(PQgetvalue(r, 0, 0));
+		int walked = atoi(PQgetvalue(r, 0, 1));
+		ip_buf_reset(held);
+		ip_buf_puts(held, PQgetvalue(r, 0, 3));
+		/* The next walk starts at the last lease_until walked (>=:
+		 * another row may end at the same microsecond); a batch of
+		 * one instant only would never move on. */
+		if (!PQgetisnull(r, 0, 2) &&
+		    strcmp(PQgetvalue(r, 0, 2), since)) {
+			snprintf(since, since_len, "%s", PQgetvalue(r, 0, 2));
+			*more = walked >= batch;
+		}
+	}
+	PQclear(r);
+	return rc;
 }
 
 int store_purge_expired(store *s, int batch, int *purged, char *err,
@@ -522,16 +608,23 @@ int store_purge_expired(store *s, int batch, int *purged, char *err,
 	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
 }
 
-int store_processing_stats(store *s, int64_t *count, double *oldest_age_s,
-			   char *err, size_t errlen)
+int store_processing_stats(store *s, const char *since, ip_buf *held,
+			   int64_t *count, double *oldest_age_s, char *err,
+			   size_t errlen)
 {
 	if (store_ensure(s, err, errlen))
 		return -1;
-	PGresult *r = run(s, ST_STATS, NULL, NULL, NULL, 0);
+	const char *vals[2] = {since, held->data ? held->data : "{}"};
+	PGresult *r = s->citus ? run(s, ST_STATS_ALL, NULL, NULL, NULL, 0)
+			       : run(s, ST_STATS, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "stats");
 	if (!rc) {
 		*count = atoll(PQgetvalue(r, 0, 0));
 		*oldest_age_s = atof(PQgetvalue(r, 0, 1));
+		if (!s->citus) {
+			ip_buf_reset(held);
+			ip_buf_puts(held, PQgetvalue(r, 0, 2));
+		}
 	}
 	PQclear(r);
 	return rc;
@@ -556,8 +649,18 @@ static PGconn *plain_connect(store *s, char *err, size_t errlen)
 	return c;
 }
 
-static int version_on(PGconn *c, int *version, char *err, size_t errlen)
+static bool has_version(const PGresult *r, int v)
 {
+	for (int i = 0; i < PQntuples(r); i++)
+		if (atoi(PQgetvalue(r, i, 0)) == v)
+			return true;
+	return false;
+}
+
+/* The applied migrations (NULL result: none yet), or -1. */
+static int applied_on(PGconn *c, PGresult **out, char *err, size_t errlen)
+{
+	*out = NULL;
 	PGresult *r = PQexec(c, "SELECT to_regclass('schema_migrations') IS "
 				"NOT NULL");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
@@ -567,16 +670,40 @@ static int version_on(PGconn *c, int *version, char *err, size_t errlen)
 	}
 	bool exists = PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
-	*version = 0;
 	if (!exists)
 		return 0;
-	r = PQexec(c, "SELECT coalesce(max(version), 0) FROM schema_migrations");
+	r = PQexec(c, "SELECT version FROM schema_migrations");
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		pg_link_err(err, errlen, "schema", PQresultErrorMessage(r));
 		PQclear(r);
 		return -1;
 	}
-	*version = atoi(PQgetvalue(r, 0, 0));
+	*out = r;
+	return 0;
+}
+
+/* The schema's version: the last embedded migration before the first one
+ * missing (migrations are numbered apart by the branches that add them, so
+ * a database may have a later one without an earlier one), or, with all of
+ * them applied, the highest applied (a newer binary's). */
+static int version_on(PGconn *c, int *version, char *err, size_t errlen)
+{
+	PGresult *r;
+	*version = 0;
+	if (applied_on(c, &r, err, errlen))
+		return -1;
+	if (!r)
+		return 0;
+	bool all = true;
+	for (int i = 0; i < ip_n_migrations && all; i++) {
+		if (has_version(r, ip_migrations[i].version))
+			*version = ip_migrations[i].version;
+		else
+			all = false;
+	}
+	for (int i = 0; all && i < PQntuples(r); i++)
+		if (atoi(PQgetvalue(r, i, 0)) > *version)
+			*version = atoi(PQgetvalue(r, i, 0));
 	PQclear(r);
 	return 0;
 }
@@ -657,16 +784,21 @@ int store_migrate(store *s, int *applied, char *err, size_t errlen)
 		   "applied_at timestamptz NOT NULL DEFAULT now())",
 		   err, errlen, "schema_migrations"))
 		goto out;
-	int have;
-	if (version_on(c, &have, err, errlen))
+	/* Every embedded migration not applied yet, in order: not only those
+	 * above the highest applied one. */
+	PGresult *have;
+	if (applied_on(c, &have, err, errlen))
 		goto out;
 	for (int i = 0; i < ip_n_migrations; i++) {
-		if (ip_migrations[i].version <= have)
+		if (have && has_version(have, ip_migrations[i].version))
 			continue;
-		if (apply_one(c, &ip_migrations[i], err, errlen))
+		if (apply_one(c, &ip_migrations[i], err, errlen)) {
+			PQclear(have);
 			goto out;
+		}
 		(*applied)++;
 	}
+	PQclear(have);
 	rc = 0;
 out:
 	PQfinish(c);

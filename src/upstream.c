@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,10 @@ struct upstream {
 	/* every socket libcurl has open for this handle, to look at the one a
 	 * request is about to be written to */
 	int *socks;
+	/* their local and remote ports once looked up (-1: not yet): a
+	 * connected socket's ports never change, and two system calls per
+	 * request to look them up again were a tenth of a request's calls */
+	int (*sock_ports)[2];
 	size_t n_socks, cap_socks;
 	/* per attempt */
 	int sends;          /* requests written (libcurl's resend is refused) */
@@ -39,6 +44,12 @@ struct upstream {
 	ip_buf conn_tokens; /* the response's Connection header values */
 	upstream_resp *resp;
 	int64_t max_response;
+	/* The request's header list and URL, built in buffers the handle
+	 * keeps: no allocation per request once they are large enough. */
+	struct curl_slist *hdr_nodes;
+	size_t cap_nodes;
+	ip_buf hdr_text;
+	ip_buf url;
 };
 
 int upstream_global_init(void)
@@ -54,7 +65,11 @@ void upstream_free(upstream *u)
 	curl_multi_cleanup(u->m);
 	curl_easy_cleanup(u->h);
 	ip_buf_free(&u->conn_tokens);
+	ip_buf_free(&u->hdr_text);
+	ip_buf_free(&u->url);
+	free(u->hdr_nodes);
 	free(u->socks);
+	free(u->sock_ports);
 	free(u);
 }
 
@@ -86,7 +101,10 @@ static int on_sockopt(void *p, curl_socket_t fd, curlsocktype purpose)
 	if (u->n_socks == u->cap_socks) {
 		u->cap_socks = u->cap_socks ? 2 * u->cap_socks : 8;
 		u->socks = xrealloc(u->socks, u->cap_socks * sizeof *u->socks);
+		u->sock_ports = xrealloc(u->sock_ports,
+					 u->cap_socks * sizeof *u->sock_ports);
 	}
+	u->sock_ports[u->n_socks][0] = u->sock_ports[u->n_socks][1] = -1;
 	u->socks[u->n_socks++] = fd;
 	return CURL_SOCKOPT_OK;
 }
@@ -96,7 +114,10 @@ static int on_close_socket(void *p, curl_socket_t fd)
 	upstream *u = p;
 	for (size_t i = 0; i < u->n_socks; i++)
 		if (u->socks[i] == fd) {
-			u->socks[i] = u->socks[--u->n_socks];
+			u->n_socks--;
+			u->socks[i] = u->socks[u->n_socks];
+			memcpy(u->sock_ports[i], u->sock_ports[u->n_socks],
+			       sizeof u->sock_ports[i]);
 			break;
 		}
 	return close(fd);
@@ -112,16 +133,20 @@ static int sock_port(const struct sockaddr_storage *ss)
 }
 
 /* The socket of the connection with these ports, or -1. */
-static int find_socket(const upstream *u, int port, int lport)
+static int find_socket(upstream *u, int port, int lport)
 {
 	for (size_t i = 0; i < u->n_socks; i++) {
-		struct sockaddr_storage a, b;
-		socklen_t al = sizeof a, bl = sizeof b;
-		int fd = u->socks[i];
-		if (getsockname(fd, (struct sockaddr *)&a, &al) ||
-		    getpeername(fd, (struct sockaddr *)&b, &bl))
-			continue;
-		if (sock_port(&a) == lport && sock_port(&b) == port)
+		int fd = u->socks[i], *ports = u->sock_ports[i];
+		if (ports[0] < 0) {
+			struct sockaddr_storage a, b;
+			socklen_t al = sizeof a, bl = sizeof b;
+			if (getsockname(fd, (struct sockaddr *)&a, &al) ||
+			    getpeername(fd, (struct sockaddr *)&b, &bl))
+				continue; /* not connected (yet) */
+			ports[0] = sock_port(&a);
+			ports[1] = sock_port(&b);
+		}
+		if (ports[0] == lport && ports[1] == port)
 			return fd;
 	}
 	return -1;
@@ -296,31 +321,48 @@ upstream *upstream_new(void)
 	return u;
 }
 
-static struct curl_slist *build_headers(const upstream_req *req)
+/* The list libcurl reads (it never frees or changes it): nodes and text in
+ * the handle's own buffers, reused by every request; the lines are joined
+ * by hand (a printf per header cost more than the rest of the list). */
+static struct curl_slist *build_headers(upstream *u, const upstream_req *req)
 {
-	struct curl_slist *l = NULL;
-	ip_buf line = {0};
+	static char no_type[] = "Content-Type:", no_expect[] = "Expect:";
+	size_t n = req->headers->n + 2;
+	if (n > u->cap_nodes) {
+		u->cap_nodes = n + 8;
+		u->hdr_nodes = xrealloc(u->hdr_nodes,
+					u->cap_nodes * sizeof *u->hdr_nodes);
+	}
+	ip_buf *t = &u->hdr_text;
+	ip_buf_reset(t);
 	bool has_ct = false;
-	for (size_t i = 0; i < req->headers->n; i++) {
+	size_t k = 0;
+	/* Offsets first: the text buffer may move while it grows. */
+	for (size_t i = 0; i < req->headers->n; i++, k++) {
 		const http_header *h = &req->headers->v[i];
 		if (ip_strcaseeq(h->name, "Content-Type"))
 			has_ct = true;
-		ip_buf_reset(&line);
-		ip_buf_printf(&line, "%s: %s", h->name, h->value);
-		if (!h->value[0]) {
+		u->hdr_nodes[k].data = (char *)(uintptr_t)t->len;
+		ip_buf_puts(t, h->name);
+		if (h->value[0]) {
+			ip_buf_append(t, ": ", 2);
+			ip_buf_puts(t, h->value);
+		} else {
 			/* "Name;" is curl's way to send an empty header. */
-			ip_buf_reset(&line);
-			ip_buf_printf(&line, "%s;", h->name);
+			ip_buf_append(t, ";", 1);
 		}
-		l = curl_slist_append(l, line.data);
+		ip_buf_append(t, "", 1); /* the line's NUL */
 	}
+	for (size_t i = 0; i < k; i++)
+		u->hdr_nodes[i].data = t->data + (uintptr_t)u->hdr_nodes[i].data;
 	/* Never add a body type the client did not send, nor wait for
 	 * 100-continue. */
 	if (!has_ct)
-		l = curl_slist_append(l, "Content-Type:");
-	l = curl_slist_append(l, "Expect:");
-	ip_buf_free(&line);
-	return l;
+		u->hdr_nodes[k++].data = no_type;
+	u->hdr_nodes[k++].data = no_expect;
+	for (size_t i = 0; i < k; i++)
+		u->hdr_nodes[i].next = i + 1 < k ? &u->hdr_nodes[i + 1] : NULL;
+	return u->hdr_nodes;
 }
 
 static void set_method(CURL *h, const upstream_req *req)
@@ -436,15 +478,16 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	u->resp = out;
 	u->max_response = req->max_response;
 
-	ip_buf url = {0};
-	ip_buf_puts(&url, req->base);
-	ip_buf_puts(&url, req->target);
-	struct curl_slist *hdrs = build_headers(req);
+	ip_buf *url = &u->url;
+	ip_buf_reset(url);
+	ip_buf_puts(url, req->base);
+	ip_buf_puts(url, req->target);
+	struct curl_slist *hdrs = build_headers(u, req);
 	long connect_ms = UPSTREAM_CONNECT_TIMEOUT_MS;
 	if (req->timeout_ms < connect_ms)
 		connect_ms = (long)req->timeout_ms;
 
-	curl_easy_setopt(h, CURLOPT_URL, url.data);
+	curl_easy_setopt(h, CURLOPT_URL, url->data);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)req->timeout_ms);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
@@ -485,8 +528,6 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	/* Nothing of this request may outlive it in the reused handle. */
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
 	curl_easy_setopt(h, CURLOPT_POSTFIELDS, NULL);
-	curl_slist_free_all(hdrs);
-	ip_buf_free(&url);
 	u->resp = NULL;
 }
 
