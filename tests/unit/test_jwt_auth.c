@@ -96,6 +96,14 @@ static char *b64_json(const json_t *j)
 	return out;
 }
 
+/* b64_json of a new reference, which it drops. */
+static char *b64_json_new(json_t *j)
+{
+	char *out = b64_json(j);
+	json_decref(j);
+	return out;
+}
+
 /* A token over claims with header hdr, signed by José with jwk. */
 static char *sign_jose(json_t *hdr, json_t *claims, const json_t *jwk)
 {
@@ -307,7 +315,7 @@ static void test_alg_none_and_unlisted(void **state)
 {
 	(void)state;
 	jwt_policy *p = policy(ALL, rsa_pub, hs_key);
-	char *h = b64_json(hdr("none")), *c = b64_json(claims(60));
+	char *h = b64_json_new(hdr("none")), *c = b64_json_new(claims(60));
 	refused(p, compact(h, c, ""), "not a signed JWT");
 	refused(p, compact(h, c, "c2ln"), "algorithm \"none\" is not accepted");
 	free(h);
@@ -352,7 +360,7 @@ static void test_jose_alone(void **state)
 {
 	(void)state;
 	/* No "none" algorithm: an unsigned token never verifies. */
-	char *h = b64_json(hdr("none")), *c = b64_json(claims(60));
+	char *h = b64_json_new(hdr("none")), *c = b64_json_new(claims(60));
 	json_t *jws = json_pack("{s:s,s:s,s:s}", "protected", h, "payload", c,
 				"signature", "");
 	jose_cfg_t *cfg = jose_cfg();
@@ -367,7 +375,7 @@ static void test_jose_alone(void **state)
 	json_t *pinned = json_deep_copy(rsa_priv);
 	json_object_set_new(pinned, "alg", json_string("RS256"));
 	json_t *hd = hdr("RS512");
-	char *pay = b64_json(claims(60));
+	char *pay = b64_json_new(claims(60));
 	jws = json_pack("{s:s}", "payload", pay);
 	json_t *sig = json_pack("{s:O}", "protected", hd);
 	json_t *plain = json_deep_copy(rsa_priv);
