@@ -47,7 +47,12 @@ static histogram h_upstream = {"idemproxy_upstream_duration_seconds",
 			       "Time of one upstream exchange.",
 			       {0}, 0, 0};
 
+static histogram h_wait = {"idemproxy_wait_duration_seconds",
+			   "Time a duplicate waited for the attempt in flight.",
+			   {0}, 0, 0};
+
 static int64_t g_processing;
+static int g_waiters;
 static double g_oldest_age;
 static int g_store_up;
 static uint64_t reaper_released, reaper_purged;
@@ -95,6 +100,23 @@ static const char F_REQUESTS[] = "idemproxy_requests_total";
 static const char F_UPSTREAM[] = "idemproxy_upstream_responses_total";
 static const char F_TAKEOVERS[] = "idemproxy_takeovers_total";
 static const char F_EVENTS[] = "idemproxy_events_total";
+static const char F_WAITS[] = "idemproxy_wait_outcomes_total";
+
+void metrics_wait_outcome(const char *route, const char *outcome)
+{
+	char r[64], o[64], l[160];
+	label_copy(r, sizeof r, route ? route : "");
+	label_copy(o, sizeof o, outcome);
+	snprintf(l, sizeof l, "route=\"%s\",outcome=\"%s\"", r, o);
+	add(F_WAITS, l, 1);
+}
+
+void metrics_set_waiters(int n)
+{
+	pthread_mutex_lock(&mu);
+	g_waiters = n;
+	pthread_mutex_unlock(&mu);
+}
 
 void metrics_request(const char *route, const char *outcome)
 {
@@ -168,6 +190,7 @@ static void observe(histogram *h, double ms)
 void metrics_observe_request_ms(double ms) { observe(&h_request, ms); }
 void metrics_observe_store_ms(double ms) { observe(&h_store, ms); }
 void metrics_observe_upstream_ms(double ms) { observe(&h_upstream, ms); }
+void metrics_observe_wait_ms(double ms) { observe(&h_wait, ms); }
 
 void metrics_set_processing(int64_t count, double oldest_age_s)
 {
@@ -245,6 +268,12 @@ void metrics_render(ip_buf *out)
 	render_histogram(out, &h_request);
 	render_histogram(out, &h_store);
 	render_histogram(out, &h_upstream);
+	render_family(out, F_WAITS,
+		      "How waiting duplicates ended, by route and outcome.");
+	render_histogram(out, &h_wait);
+	render_scalar(out, "idemproxy_waiters", "gauge",
+		      "Duplicates waiting for an attempt in flight.",
+		      (double)g_waiters);
 	render_scalar(out, "idemproxy_reaper_released_total", "counter",
 		      "Processing records released by the reaper.",
 		      (double)reaper_released);
