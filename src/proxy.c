@@ -694,8 +694,7 @@ enum wait_step { WAIT_PARKED, WAIT_NOT, WAIT_ANSWERED };
  * that recording it sends a wake-up; a mark that finds the record changed
  * already parks the job due at once (it claims again). */
 static enum wait_step wait_in_flight(proxy_worker *w, job *j,
-				     const route_cfg *r, const idem_plan *p,
-				     double lease_end_ms)
+				     const route_cfg *r, const idem_plan *p)
 {
 	if (!w->waiters || j->wait_ms <= 0)
 		return WAIT_NOT;
@@ -725,7 +724,6 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 		store_refuse(w, j, r, err);
 		return WAIT_ANSWERED;
 	}
-	(void)lease_end_ms;
 	uint8_t scope[WAKE_SCOPE_LEN];
 	wake_scope(p->tenant, r->name, p->key, scope);
 	/* Just past the lease's end, the claim may take the key over. */
@@ -817,7 +815,7 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		break;
 	case CLAIM_IN_FLIGHT:
 		plan_wait(j, r);
-		switch (wait_in_flight(w, j, r, p, t0 + (double)c.lease_left_ms)) {
+		switch (wait_in_flight(w, j, r, p)) {
 		case WAIT_PARKED:
 			claim_result_clear(&c);
 			return true;
