@@ -60,6 +60,8 @@ typedef struct route_cfg {
 	size_t n_fp_ignore;
 	jsonptr **fp_only;
 	size_t n_fp_only;
+	bool in_flight_wait; /* in_flight = "wait": duplicates wait */
+	int64_t wait_max_ms; /* longest a duplicate waits; <= lease_ms */
 } route_cfg;
 
 typedef struct config {
@@ -78,6 +80,7 @@ typedef struct config {
 	int64_t max_response; /* held in memory: at least 16 x the above */
 	int64_t replay_cache_size;  /* bytes; 0 disables the replay cache */
 	int64_t replay_cache_ttl_ms; /* longest a cached replay is trusted */
+	int max_waiters;     /* duplicates waiting at once; beyond -> 409 */
 	int64_t shutdown_grace_ms;
 	int64_t busy_poll_ms; /* 0 = off; see busy.h */
 	enum log_level log_level;

@@ -79,6 +79,15 @@ enum idem_record {
 enum idem_record idem_record_for(const route_cfg *r, bool got_response,
 				 bool sent, int status);
 
+/* How long a duplicate that finds its key in flight may wait for the
+ * original's answer (ms; 0: answered 409 at once): the route's wait_max on
+ * an in_flight = "wait" route, or what the client asked for with
+ * `Prefer: wait=N` (RFC 7240), on any route, capped by wait_max. *applied_s
+ * is the N for `Preference-Applied: wait=N`, or -1 when the request asked
+ * for no wait (or its wait= did not parse). */
+int64_t idem_wait_ms(const route_cfg *r, const header_list *h,
+		     int64_t *applied_s);
+
 /* Retry-After seconds for a duration in ms: rounded up, at least 1. */
 int64_t idem_retry_after_s(int64_t ms);
 

@@ -63,6 +63,14 @@ typedef struct job {
 	double upstream_ms;
 	double store_ms;
 
+	/* waiting for an attempt in flight (waiters.h) */
+	int client_fd;         /* the connection's socket, -1 if unknown */
+	bool wait_planned;     /* wait_ms and wait_applied_s are set */
+	int64_t wait_ms;       /* how long it may wait; 0: it does not */
+	int64_t wait_applied_s; /* Preference-Applied: wait=N; -1: none */
+	double wait_since_ms;  /* when it started waiting; 0: never */
+	double wait_until_ms;  /* when its wait ends */
+
 	/* completion, set by the front end */
 	void (*done)(struct job *j);
 	void *front_ctx;

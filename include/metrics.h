@@ -23,6 +23,13 @@ void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
 void metrics_set_replay_cache(size_t entries, size_t bytes);
 
+/* Waiting duplicates (waiters.h): how many wait now, how long one waited,
+ * and how its wait ended (replayed, took_over, timed_out, rejected_full,
+ * client_gone, ...). */
+void metrics_set_waiters(int n);
+void metrics_observe_wait_ms(double ms);
+void metrics_wait_outcome(const char *route, const char *outcome);
+
 void metrics_render(ip_buf *out);
 
 #endif

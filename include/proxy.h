@@ -11,12 +11,14 @@
 
 struct replay_cache;
 struct record_retry;
+struct waiters;
 
 typedef struct proxy_shared {
 	const char *db_url;
 	int64_t statement_timeout_ms;
 	struct replay_cache *cache; /* NULL: no replay cache */
 	struct record_retry *retry; /* records the workers could not write */
+	struct waiters *waiters;    /* duplicates waiting; NULL: none wait */
 } proxy_shared;
 
 /* Runs on the front end's event thread before a job is queued: answers at
@@ -30,6 +32,10 @@ bool proxy_fast_path(void *arg, job *j);
 void *proxy_worker_init(void *arg, int index);
 void proxy_worker_handle(void *ctx, void *item);
 void proxy_worker_fini(void *ctx);
+
+/* waiters_ops.answer: arg unused. */
+enum waiters_end;
+void proxy_wait_answer(void *arg, job *j, enum waiters_end why);
 
 /* Fills j's response with a problem+json answer (used by the front end for
  * the answers it gives itself, too). retry_after_s <= 0: no Retry-After. */

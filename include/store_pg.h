@@ -109,6 +109,18 @@ int store_complete(store *s, const record_key *k, int status,
 int store_release(store *s, const record_key *k, bool *fenced, char *err,
 		  size_t errlen) IP_WUR;
 
+/* The channel the instances LISTEN on for waiters' wake-ups; the payload
+ * is the record's wake scope (wake.h). A complete or release that finds
+ * the record marked by a waiter notifies it once the write committed. */
+#define STORE_WAIT_CHANNEL "idemproxy_wait"
+
+/* A waiter marks the record it waits for, so that recording it notifies.
+ * *marked false: the key is no longer in flight (claim again now);
+ * otherwise *lease_left_ms is what remains of the attempt's lease. */
+int store_wait_mark(store *s, const char *tenant, const char *operation,
+		    const char *key, bool *marked, int64_t *lease_left_ms,
+		    char *err, size_t errlen) IP_WUR;
+
 /* Reaper statements. */
 /* Walks up to batch rows whose lease ended at or after *since (text of a
  * timestamptz; "-infinity" at first), releasing the processing ones that

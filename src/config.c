@@ -946,6 +946,8 @@ static const cfg_choice cfg_on_unknown[] = {
 	{"release_after_lease", 0}, {"hold", 1}, {NULL, 0}};
 static const cfg_choice cfg_store_body[] = {
 	{"full", 0}, {"status_only", 1}, {NULL, 0}};
+static const cfg_choice cfg_in_flight[] = {
+	{"reject", 0}, {"wait", 1}, {NULL, 0}};
 static const cfg_choice cfg_mismatch[] = {
 	{"409", 409}, {"422", 422}, {NULL, 0}};
 
@@ -995,6 +997,9 @@ static const cfg_opt cfg_top[] = {
 	{.name = "replay_cache_ttl", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_DAY,
 	 .off = C_(replay_cache_ttl_ms), .reload = CFG_APPLY},
+	{.name = "max_waiters", .conv = cfg_conv_int, .def = "1000",
+	 .min = 0, .max = 1048576, .off = C_(max_waiters),
+	 .reload = CFG_APPLY},
 	{.name = "shutdown_grace", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_HOUR,
 	 .off = C_(shutdown_grace_ms), .reload = CFG_APPLY},
@@ -1076,6 +1081,12 @@ static const cfg_opt cfg_route[] = {
 	{.name = "fingerprint_only", .conv = cfg_conv_pointers, .def = "[]",
 	 .off = R_(fp_only), .aux = R_(n_fp_only), .reload = CFG_APPLY},
 	{.name = "jwt", .conv = cfg_conv_jwt, .def = "{}", .off = R_(jwt), .reload = CFG_APPLY},
+	{.name = "in_flight", .conv = cfg_conv_flag, .def = "\"reject\"",
+	 .off = R_(in_flight_wait), .choices = cfg_in_flight,
+	 .reload = CFG_APPLY},
+	{.name = "wait_max", .conv = cfg_conv_duration, .def = "\"10s\"",
+	 .min = 1, .max = CFG_MS_DAY, .off = R_(wait_max_ms),
+	 .reload = CFG_APPLY},
 };
 
 /* Only in a route, and required there (no default). */
@@ -1353,7 +1364,7 @@ static const config_setting_t *cfg_blame(const config_setting_t *route,
 	return s ? s : route;
 }
 
-static int cfg_route_rules(cfg_ctx *x, const route_cfg *r,
+static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
 			   const config_setting_t *g,
 			   const config_setting_t *defaults)
 {
@@ -1381,6 +1392,23 @@ static int cfg_route_rules(cfg_ctx *x, const route_cfg *r,
 				"= { keys = \"FILE\"; issuer = ...; audience "
 				"= ...; algorithms = [...]; } group",
 				r->name, r->tenant_arg);
+	if (r->wait_max_ms > r->lease_ms) {
+		const config_setting_t *set = cfg_member(g, "wait_max");
+		if (!set)
+			set = cfg_member(defaults, "wait_max");
+		/* A wait never outlasts the attempt it waits for; the
+		 * default follows a shorter lease. */
+		if (!set) {
+			r->wait_max_ms = r->lease_ms;
+		} else {
+			cfg_fmt_ms(r->wait_max_ms, a, sizeof a);
+			cfg_fmt_ms(r->lease_ms, b, sizeof b);
+			return cfg_fail(x, set,
+					"route \"%s\": wait_max (%s) must not "
+					"be longer than lease (%s)",
+					r->name, a, b);
+		}
+	}
 	if (r->ttl_ms <= r->lease_ms) {
 		cfg_fmt_ms(r->ttl_ms, a, sizeof a);
 		cfg_fmt_ms(r->lease_ms, b, sizeof b);

@@ -178,6 +178,11 @@ static job *start_job(req_ctx *c, const char *method, const char *version)
 	MHD_get_connection_values_n(c->conn, MHD_HEADER_KIND, collect_header,
 				    c);
 	http_client_ip(c->conn, j->client_ip, sizeof j->client_ip);
+	/* A waiting request watches its socket for a hang-up (waiters.h). */
+	const union MHD_ConnectionInfo *fd =
+		MHD_get_connection_info(c->conn,
+					MHD_CONNECTION_INFO_CONNECTION_FD);
+	j->client_fd = fd ? fd->connect_fd : -1;
 	const char *rid = header_list_get(&j->req_headers, "X-Request-Id");
 	if (valid_request_id(rid))
 		snprintf(j->request_id, sizeof j->request_id, "%s", rid);

@@ -326,3 +326,68 @@ void idem_decode_replay_headers(const char *s, size_t len, header_list *out)
 		s = eol ? eol + 1 : end;
 	}
 }
+
+/* The first wait= preference of the Prefer header(s): seconds, or -1. A
+ * preference is `token [ "=" word ] *( ";" param )`, comma-separated; the
+ * value may be quoted. */
+static int64_t prefer_wait_s(const header_list *h)
+{
+	for (size_t i = 0; i < h->n; i++) {
+		if (!ip_strcaseeq(h->v[i].name, "Prefer"))
+			continue;
+		const char *p = h->v[i].value;
+		while (*p) {
+			while (*p == ' ' || *p == '\t' || *p == ',')
+				p++;
+			const char *name = p;
+			while (*p && *p != '=' && *p != ',' && *p != ';' &&
+			       *p != ' ' && *p != '\t')
+				p++;
+			bool is_wait = p - name == 4 &&
+				       ip_strncaseeq(name, "wait", 4);
+			while (*p == ' ' || *p == '\t')
+				p++;
+			if (is_wait && *p == '=') {
+				p++;
+				while (*p == ' ' || *p == '\t')
+					p++;
+				bool q = *p == '"';
+				p += q;
+				int64_t v = 0;
+				const char *d = p;
+				while (*p >= '0' && *p <= '9') {
+					if (v < 1000000000)
+						v = v * 10 + (*p - '0');
+					p++;
+				}
+				if (p > d && (!q || *p == '"'))
+					return v;
+				return -1;
+			}
+			/* skip the rest of this preference (quoted strings may
+			 * hold commas) */
+			bool quoted = false;
+			while (*p && (quoted || *p != ',')) {
+				if (*p == '"')
+					quoted = !quoted;
+				else if (*p == '\\' && quoted && p[1])
+					p++;
+				p++;
+			}
+		}
+	}
+	return -1;
+}
+
+int64_t idem_wait_ms(const route_cfg *r, const header_list *h,
+		     int64_t *applied_s)
+{
+	int64_t asked = prefer_wait_s(h);
+	*applied_s = -1;
+	if (asked < 0)
+		return r->in_flight_wait ? r->wait_max_ms : 0;
+	int64_t ms = asked * 1000 < r->wait_max_ms ? asked * 1000
+						   : r->wait_max_ms;
+	*applied_s = (ms + 999) / 1000;
+	return ms;
+}

@@ -48,6 +48,8 @@ job *job_new(config *cfg)
 	job *j = xcalloc(1, sizeof *j);
 	j->cfg = config_ref(cfg);
 	j->t_start_ms = ip_now_ms();
+	j->client_fd = -1;
+	j->wait_applied_s = -1;
 	return j;
 }
 

@@ -15,6 +15,7 @@
 #include "config.h"
 #include "http_front.h"
 #include "log.h"
+#include "notify_listen.h"
 #include "proxy.h"
 #include "reaper.h"
 #include "reencrypt.h"
@@ -23,6 +24,7 @@
 #include "store_pg.h"
 #include "tenant_upgrade.h"
 #include "upstream.h"
+#include "waiters.h"
 #include "worker.h"
 
 #ifndef IDEMPROXY_VERSION
@@ -41,6 +43,7 @@ static struct {
 	replay_cache *cache;
 	worker_pool *pool;
 	reaper *reaper;
+	waiters *waiters;
 } running;
 
 static config *get_config(void *arg)
@@ -54,6 +57,22 @@ static config *get_config(void *arg)
 static bool submit_job(void *arg, job *j)
 {
 	return worker_pool_submit(arg, j);
+}
+
+/* A waiter claims again through the same pool (waiters.h). */
+static bool resubmit_job(void *arg, job *j)
+{
+	return worker_pool_submit(running.pool, j);
+}
+
+static void listen_wake(void *arg, const uint8_t scope[WAKE_SCOPE_LEN])
+{
+	waiters_wake(arg, scope);
+}
+
+static void listen_connected(void *arg)
+{
+	waiters_wake_all(arg);
 }
 
 static void forget_cached(void *arg, const char *tenant,
@@ -174,6 +193,7 @@ static void apply_settings(const config *c)
 	busy_set_budget_ms(c->busy_poll_ms);
 	replay_cache_resize(running.cache, (size_t)c->replay_cache_size);
 	worker_pool_set_queue_size(running.pool, c->queue_size);
+	waiters_set_max(running.waiters, c->max_waiters);
 	reaper_configure(running.reaper, c->statement_timeout_ms,
 			 c->reaper_interval_ms, c->reaper_batch);
 }
@@ -232,7 +252,11 @@ static int serve(config *cfg)
 	char *db_url = xstrdup(cfg->db_url);
 	record_retry *retry =
 		record_retry_start(db_url, cfg->statement_timeout_ms);
-	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cache, retry};
+	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
+	waiters *wt = waiters_start(cfg->max_waiters, &wops);
+	running.waiters = wt;
+	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cache, retry,
+			       wt};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;
@@ -272,6 +296,8 @@ static int serve(config *cfg)
 		admin_stop(adm);
 		goto fail;
 	}
+	notify_listen_ops lo = {listen_wake, listen_connected, wt};
+	notify_listen *nl = notify_listen_start(db_url, &lo);
 	reaper *rp = reaper_start(cfg->db_url, cfg->statement_timeout_ms,
 				  cfg->reaper_interval_ms, cfg->reaper_batch,
 				  cfg->db_citus);
@@ -298,6 +324,8 @@ static int serve(config *cfg)
 	log_info("shutting down", "signal=%d in_flight=%d grace_ms=%lld", sig,
 		 http_front_in_flight(front), (long long)grace);
 	http_front_quiesce(front);
+	/* Suspended connections must be resumed before the front end stops. */
+	waiters_drain(wt);
 	double deadline = ip_now_ms() + (double)grace;
 	while (http_front_in_flight(front) > 0 && ip_now_ms() < deadline) {
 		struct timespec ts = {0, 10 * 1000000L};
@@ -319,6 +347,8 @@ static int serve(config *cfg)
 	admin_stop(adm);
 	reaper_stop(rp);
 	worker_pool_stop(pool);
+	notify_listen_stop(nl);
+	waiters_stop(wt);
 	/* Outcomes the workers could not record keep being tried for the
 	 * rest of the grace. */
 	record_retry_stop(retry, deadline);
@@ -333,6 +363,7 @@ static int serve(config *cfg)
 	config_unref(running.started);
 	return 0;
 fail:
+	waiters_stop(wt);
 	record_retry_stop(retry, 0);
 	replay_cache_free(cache);
 	free(db_url);

@@ -54,7 +54,7 @@ typedef struct shard_hist {
 	_Atomic uint64_t sum_ns;
 } shard_hist;
 
-enum { H_REQUEST, H_STORE, H_UPSTREAM, N_HIST };
+enum { H_REQUEST, H_STORE, H_UPSTREAM, H_WAIT, N_HIST };
 
 typedef struct shard {
 	shard_series s[SHARD_SERIES];
@@ -96,7 +96,12 @@ static histogram h_upstream = {"idemproxy_upstream_duration_seconds",
 			       "Time of one upstream exchange.",
 			       {0}, 0, 0};
 
+static histogram h_wait = {"idemproxy_wait_duration_seconds",
+			   "Time a duplicate waited for the attempt in flight.",
+			   {0}, 0, 0};
+
 static int64_t g_processing;
+static int g_waiters;
 static double g_oldest_age;
 static int g_store_up;
 static uint64_t reaper_released, reaper_purged;
@@ -144,6 +149,23 @@ static const char F_REQUESTS[] = "idemproxy_requests_total";
 static const char F_UPSTREAM[] = "idemproxy_upstream_responses_total";
 static const char F_TAKEOVERS[] = "idemproxy_takeovers_total";
 static const char F_EVENTS[] = "idemproxy_events_total";
+static const char F_WAITS[] = "idemproxy_wait_outcomes_total";
+
+void metrics_wait_outcome(const char *route, const char *outcome)
+{
+	char r[64], o[64], l[160];
+	label_copy(r, sizeof r, route ? route : "");
+	label_copy(o, sizeof o, outcome);
+	snprintf(l, sizeof l, "route=\"%s\",outcome=\"%s\"", r, o);
+	add(F_WAITS, l, 1);
+}
+
+void metrics_set_waiters(int n)
+{
+	pthread_mutex_lock(&mu);
+	g_waiters = n;
+	pthread_mutex_unlock(&mu);
+}
 
 /* The labels of a family's series from its values. */
 static void render_labels(char *l, size_t n, const char *family,
@@ -246,6 +268,7 @@ static void observe(int which, double ms)
 void metrics_observe_request_ms(double ms) { observe(H_REQUEST, ms); }
 void metrics_observe_store_ms(double ms) { observe(H_STORE, ms); }
 void metrics_observe_upstream_ms(double ms) { observe(H_UPSTREAM, ms); }
+void metrics_observe_wait_ms(double ms) { observe(H_WAIT, ms); }
 
 void metrics_set_processing(int64_t count, double oldest_age_s)
 {
@@ -377,12 +400,18 @@ void metrics_render(ip_buf *out)
 		      "Keys taken over from a released or expired attempt.");
 	render_family(out, v, n, F_EVENTS,
 		      "Notable events (record_failed, record_fenced, ...).");
+	render_family(out, v, n, F_WAITS,
+		      "How waiting duplicates ended, by route and outcome.");
 	free(v);
 	histogram hs[N_HIST] = {merged_hist(&h_request, H_REQUEST),
 				merged_hist(&h_store, H_STORE),
-				merged_hist(&h_upstream, H_UPSTREAM)};
+				merged_hist(&h_upstream, H_UPSTREAM),
+				merged_hist(&h_wait, H_WAIT)};
 	for (int i = 0; i < N_HIST; i++)
 		render_histogram(out, &hs[i]);
+	render_scalar(out, "idemproxy_waiters", "gauge",
+		      "Duplicates waiting for an attempt in flight.",
+		      (double)g_waiters);
 	render_scalar(out, "idemproxy_reaper_released_total", "counter",
 		      "Processing records released by the reaper.",
 		      (double)reaper_released);

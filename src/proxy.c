@@ -15,6 +15,8 @@
 #include "seal.h"
 #include "store_pg.h"
 #include "upstream.h"
+#include "waiters.h"
+#include "wake.h"
 
 /* Largest body whose fingerprint the event thread computes itself. */
 #define FAST_PATH_MAX_BODY (64 * 1024)
@@ -23,6 +25,7 @@ typedef struct proxy_worker {
 	int index;
 	replay_cache *cache;
 	record_retry *retry;
+	waiters *waiters; /* NULL: duplicates never wait */
 	/* For the replay cache, about the job in hand: the forget generation
 	 * of its key, read before its claim, and its record's expiry as the
 	 * claim saw it (an upstream call may come between the two). */
@@ -42,6 +45,7 @@ void *proxy_worker_init(void *arg, int index)
 	w->index = index;
 	w->cache = sh->cache;
 	w->retry = sh->retry;
+	w->waiters = sh->waiters;
 	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
 	w->up = upstream_new();
 	char err[256];
@@ -573,6 +577,13 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 			  w->scratch.len, keep_body ? resp->body.data : "",
 			  keep_body ? resp->body.len : 0);
 	}
+	/* Waiters on this instance are woken here, without the round trip
+	 * through the database's NOTIFY. */
+	if (rc == 0 && !fenced && w->waiters && waiters_any(w->waiters)) {
+		uint8_t scope[WAKE_SCOPE_LEN];
+		wake_scope(p->tenant, r->name, p->key, scope);
+		waiters_wake(w->waiters, scope);
+	}
 }
 
 static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
@@ -636,7 +647,121 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 		      idem_retry_after_s(r->retry_after_ms));
 }
 
-static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
+/* The claim of a waiting duplicate failed: it is answered 503, never
+ * forwarded unprotected (the attempt it waits for is in flight) and never
+ * left hanging. */
+static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
+			 const char *err)
+{
+	metrics_set_store_up(!store_outage(w->st));
+	log_warn("store error while waiting", "request_id=%s %s",
+		 j->request_id, err);
+	j->outcome = "store_unavailable";
+	proxy_problem(j, 503, "idempotency_store_unavailable",
+		      "the idempotency store cannot be reached; retry later "
+		      "with the same key",
+		      idem_retry_after_s(r->retry_after_ms));
+}
+
+/* Once per request: may it wait, and for how long. */
+static void plan_wait(job *j, const route_cfg *r)
+{
+	if (j->wait_planned)
+		return;
+	j->wait_ms = idem_wait_ms(r, &j->req_headers, &j->wait_applied_s);
+	j->wait_planned = true;
+}
+
+static void add_preference_applied(job *j)
+{
+	if (j->wait_applied_s < 0)
+		return;
+	char v[32];
+	int n = snprintf(v, sizeof v, "wait=%lld",
+			 (long long)j->wait_applied_s);
+	header_list_add(&j->resp_headers, "Preference-Applied", 18, v,
+			(size_t)n);
+}
+
+/* The job stops waiting (if it was). */
+static void leave_wait(proxy_worker *w, job *j, const char *outcome)
+{
+	if (j->wait_since_ms <= 0)
+		return;
+	waiters_leave(w->waiters, j, outcome);
+	j->wait_since_ms = 0;
+	j->wait_ms = 0; /* never admitted again */
+}
+
+enum wait_step { WAIT_PARKED, WAIT_NOT, WAIT_ANSWERED };
+
+/* The key is in flight: park the job until the original's record changes
+ * (or its lease ends, or wait_max passes). The record is marked first, so
+ * that recording it sends a wake-up; a mark that finds the record changed
+ * already parks the job due at once (it claims again). */
+static enum wait_step wait_in_flight(proxy_worker *w, job *j,
+				     const route_cfg *r, const idem_plan *p)
+{
+	if (!w->waiters || j->wait_ms <= 0)
+		return WAIT_NOT;
+	double now = ip_now_ms();
+	if (j->wait_since_ms <= 0) {
+		if (!waiters_admit(w->waiters, j))
+			return WAIT_NOT;
+		j->wait_since_ms = now;
+		j->wait_until_ms = now + (double)j->wait_ms;
+	}
+	if (now >= j->wait_until_ms) {
+		leave_wait(w, j, "timed_out");
+		return WAIT_NOT;
+	}
+	uint64_t gen = waiters_generation(w->waiters);
+	bool marked;
+	int64_t left;
+	char err[256];
+	double t0 = ip_now_ms();
+	int rc = store_wait_mark(w->st, p->tenant, r->name, p->key, &marked,
+				 &left, err, sizeof err);
+	double ms = ip_now_ms() - t0;
+	j->store_ms += ms;
+	metrics_observe_store_ms(ms);
+	if (rc) {
+		leave_wait(w, j, "store_unavailable");
+		store_refuse(w, j, r, err);
+		return WAIT_ANSWERED;
+	}
+	uint8_t scope[WAKE_SCOPE_LEN];
+	wake_scope(p->tenant, r->name, p->key, scope);
+	/* Just past the lease's end, the claim may take the key over. */
+	double recheck = marked ? t0 + (double)left + 1.0 : 0;
+	if (!waiters_park(w->waiters, j, scope, recheck, gen)) {
+		leave_wait(w, j, "shutdown");
+		return WAIT_NOT;
+	}
+	return WAIT_PARKED;
+}
+
+/* Answers a waiter that stops waiting without a claim (waiters_ops). */
+void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
+{
+	const route_cfg *r = j->plan->route;
+	j->outcome = why == WAITERS_CLIENT_GONE ? "client_gone" : "in_flight";
+	proxy_problem(j, 409, "idempotency_key_in_use",
+		      why == WAITERS_SHUTDOWN
+			      ? "an earlier request with this key is still "
+				"being processed and this instance is "
+				"stopping; retry after the delay"
+			      : "an earlier request with this key is still "
+				"being processed (waited wait_max for it); "
+				"retry after the delay",
+		      idem_retry_after_s(r->retry_after_ms));
+	add_preference_applied(j);
+	proxy_account(j);
+	j->done(j);
+}
+
+/* True when the job was parked to wait (the worker leaves it alone). */
+static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 			   const idem_plan *p)
 {
 	if (!j->has_fp)
@@ -667,9 +792,14 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	double ms = ip_now_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
+	if (rc && j->wait_since_ms > 0) {
+		leave_wait(w, j, "store_unavailable");
+		store_refuse(w, j, r, err);
+		return false;
+	}
 	if (rc) {
 		store_down(w, j, r, err);
-		return;
+		return false;
 	}
 	/* From before the claim was sent: never later than the store's. */
 	w->cache_expires_ms = t0 + (double)c.expires_in_ms;
@@ -680,14 +810,27 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		metrics_takeover(r->name);
 		/* fall through */
 	case CLAIM_FORWARD:
+		leave_wait(w, j, "took_over");
 		/* The lease counted from before the claim was sent: never
 		 * later than the database's. */
 		forward_owned(w, j, r, p, &c, t0 + (double)c.lease_left_ms);
 		break;
 	case CLAIM_REPLAY:
 		replay(w, j, p, &c);
+		leave_wait(w, j, "replayed");
 		break;
 	case CLAIM_IN_FLIGHT:
+		plan_wait(j, r);
+		switch (wait_in_flight(w, j, r, p)) {
+		case WAIT_PARKED:
+			claim_result_clear(&c);
+			return true;
+		case WAIT_ANSWERED:
+			claim_result_clear(&c);
+			return false;
+		case WAIT_NOT:
+			break;
+		}
 		j->outcome = "in_flight";
 		proxy_problem(j, 409, "idempotency_key_in_use",
 			      "an earlier request with this key is still being "
@@ -695,6 +838,7 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 			      idem_retry_after_s(r->retry_after_ms));
 		break;
 	case CLAIM_HELD:
+		leave_wait(w, j, "held");
 		j->outcome = "in_flight";
 		proxy_problem(j, 409, "idempotency_key_in_use",
 			      "the outcome of an earlier attempt with this key "
@@ -703,6 +847,7 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 			      idem_retry_after_s(r->retry_after_ms));
 		break;
 	case CLAIM_MISMATCH:
+		leave_wait(w, j, "mismatch");
 		j->outcome = "mismatch";
 		proxy_problem(j, r->mismatch_status, "idempotency_key_mismatch",
 			      "this key was already used with a different "
@@ -711,6 +856,7 @@ static void handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		break;
 	}
 	claim_result_clear(&c);
+	return false;
 }
 
 /* Steps 1-2 of the decision, made once per request. */
@@ -770,6 +916,8 @@ bool proxy_fast_path(void *arg, job *j)
 	if (hit) {
 		respond_replay(j, status, h.data ? h.data : "", h.len,
 			       b.data ? b.data : "", b.len);
+		plan_wait(j, p->route);
+		add_preference_applied(j);
 		metrics_event("replay_cache_hit");
 		proxy_account(j);
 	}
@@ -795,7 +943,9 @@ void proxy_worker_handle(void *ctx, void *item)
 		forward_unprotected(w, j, r);
 		break;
 	case IDEM_CLAIM:
-		handle_claimed(w, j, r, p);
+		if (handle_claimed(w, j, r, p))
+			return; /* parked: a wake-up brings it back */
+		add_preference_applied(j);
 		break;
 	}
 	proxy_account(j);

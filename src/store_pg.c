@@ -12,6 +12,7 @@
 #include "busy.h"
 #include "migrations.h"
 #include "pg_link.h"
+#include "wake.h"
 
 struct store {
 	pg_link link;
@@ -55,13 +56,13 @@ static const stmt_def stmts[] = {
 	 "replayable = $8, seal_key = $9, updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4 AND state IN ('processing', 'released') "
-	 "AND expires_at > now()"},
+	 "AND expires_at > now() RETURNING wait_notify"},
 	{"release", 4,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID},
 	 "UPDATE idempotency_records SET state = 'released', "
 	 "lease_until = NULL, updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
-	 "AND owner_token = $4 AND state = 'processing'"},
+	 "AND owner_token = $4 AND state = 'processing' RETURNING wait_notify"},
 	/* Dead leases are found by walking the lease_until index from where
 	 * the last walk ended ($2), $1 rows at a time, not by an index of
 	 * processing rows (complete would have to update it). A held row is
@@ -144,6 +145,21 @@ static const stmt_def stmts[] = {
 	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
 	 "min(updated_at)), 0)::float8::text FROM idempotency_records "
 	 "WHERE state = 'processing'"},
+	/* A waiter marks the record it waits for; the row comes back only
+	 * while its attempt is alive, so a record that changed first is seen
+	 * at once (the UPDATE reads the newest version under the row lock). */
+	{"wait_mark", 3,
+	 {OID_TEXT, OID_TEXT, OID_TEXT},
+	 "UPDATE idempotency_records SET wait_notify = true "
+	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
+	 "AND state = 'processing' AND lease_until > now() "
+	 "RETURNING ceil(extract(epoch FROM lease_until - now()) * 1000)::int8"},
+	/* No table: it runs in this session on the node the proxy talks to,
+	 * where the instances LISTEN (a distributed PostgreSQL runs functions
+	 * on the node holding a shard, and NOTIFY is per node). */
+	{"wait_notify", 1,
+	 {OID_TEXT},
+	 "SELECT pg_notify('" STORE_WAIT_CHANNEL "', $1)"},
 };
 
 enum {
@@ -155,7 +171,9 @@ enum {
 	ST_OWNED,
 	ST_STATS,
 	ST_PER_SHARD,
-	ST_STATS_ALL
+	ST_STATS_ALL,
+	ST_WAIT_MARK,
+	ST_WAIT_NOTIFY
 };
 
 /* The reaper's statements as run on each shard (%1$s, formatted by
@@ -442,18 +460,23 @@ static int settle(store *s, const record_key *k, const char *want,
 	return rc;
 }
 
-/* One try of a fenced write (complete or release). */
+/* One try of a fenced write (complete or release). *marked: someone waits
+ * for this record (a repeat that finds its first try committed cannot
+ * tell, and says yes). */
 static int write_once(store *s, int st, const char *want,
 		      const char *const *vals, const int *lens,
 		      const int *fmts, const record_key *k, bool repeat,
-		      bool *fenced, char *err, size_t errlen)
+		      bool *fenced, bool *marked, char *err, size_t errlen)
 {
 	*fenced = false;
+	*marked = false;
 	if (store_ensure(s, err, errlen))
 		return -1;
 	PGresult *r = run(s, st, vals, lens, fmts, 0);
-	int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, stmts[st].name);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, stmts[st].name);
 	bool none = !rc && affected(r) == 0;
+	if (!rc && !none)
+		*marked = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';
 	PQclear(r);
 	if (rc || !none)
 		return rc;
@@ -461,7 +484,27 @@ static int write_once(store *s, int st, const char *want,
 		*fenced = true;
 		return 0;
 	}
-	return settle(s, k, want, fenced, err, errlen);
+	rc = settle(s, k, want, fenced, err, errlen);
+	*marked = !rc && !*fenced;
+	return rc;
+}
+
+/* Wakes the waiters of other instances, after the record committed (so a
+ * notification never announces a write that rolled back). Sent only for a
+ * record a waiter marked: recording a fresh key costs no NOTIFY. A failure
+ * is not the record's: the waiters claim again when their lease check or
+ * wait_max comes. */
+static void notify_waiters(store *s, const record_key *k)
+{
+	if (!s->link.conn)
+		return;
+	char scope[WAKE_SCOPE_HEX + 1];
+	wake_scope_hex(k->tenant, k->operation, k->key, scope);
+	const char *vals[1] = {scope};
+	PGresult *r = run(s, ST_WAIT_NOTIFY, vals, NULL, NULL, 0);
+	char err[160];
+	(void)exec_ok(s, r, PGRES_TUPLES_OK, err, sizeof err, "notify");
+	PQclear(r);
 }
 
 /* The write, and once more at once on a fresh connection when the one in
@@ -473,12 +516,33 @@ static int write_fenced(store *s, int st, const char *want,
 			const int *fmts, const record_key *k, bool *fenced,
 			char *err, size_t errlen)
 {
-	bool was_connected = s->link.conn != NULL;
+	bool was_connected = s->link.conn != NULL, marked = false;
 	int rc = write_once(s, st, want, vals, lens, fmts, k, k->repeat,
-			    fenced, err, errlen);
+			    fenced, &marked, err, errlen);
 	if (rc && was_connected && !s->link.conn)
 		rc = write_once(s, st, want, vals, lens, fmts, k, true,
-				fenced, err, errlen);
+				fenced, &marked, err, errlen);
+	if (!rc && !*fenced && marked)
+		notify_waiters(s, k);
+	return rc;
+}
+
+int store_wait_mark(store *s, const char *tenant, const char *operation,
+		    const char *key, bool *marked, int64_t *lease_left_ms,
+		    char *err, size_t errlen)
+{
+	*marked = false;
+	*lease_left_ms = 0;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	const char *vals[3] = {tenant, operation, key};
+	PGresult *r = run(s, ST_WAIT_MARK, vals, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "wait_mark");
+	if (!rc && PQntuples(r) == 1) {
+		*marked = true;
+		*lease_left_ms = atoll(PQgetvalue(r, 0, 0));
+	}
+	PQclear(r);
 	return rc;
 }
 

@@ -621,6 +621,11 @@ other_runs() {
 	proxy_run burst-c16 burst 16 16
 	[ -z "$WIDE" ] || replay_run "replay-c$WIDE" "$WIDE" 2
 	stub_take
+	# Duplicates that wait (in_flight = "wait"): its own upstream and proxy;
+	# every key must reach the upstream exactly once.
+	"$PYTHON" "$HERE/wait_burst.py" "$BIN/idemproxy" "$DB_URL" 20 50 \
+		"$DATA/wait_burst.md" >"$LOGS/wait_burst.log" 2>&1 ||
+		fail "wait-burst: $(tail -n 1 "$LOGS/wait_burst.log")"
 }
 
 main() {
@@ -673,6 +678,10 @@ main() {
 		--workers "$WORKERS" --duration "$DUR" --elapsed "$elapsed" \
 		--busy "$BUSY" --wide "$WIDE" --cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
 		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")"
+	if [ -f "$DATA/wait_burst.md" ]; then
+		printf '\n| waiting duplicates | exactly once | latency |\n|---|---|---|\n' >>"$OUT/results.md"
+		cat "$DATA/wait_burst.md" >>"$OUT/results.md"
+	fi
 	if [ "${#FAILURES[@]}" -gt 0 ]; then
 		echo >&2
 		for f in "${FAILURES[@]}"; do

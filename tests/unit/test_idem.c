@@ -216,6 +216,43 @@ static void test_tenants_name_their_source(void **state)
 			    "a502846a5301d74c252c768aef76dcda");
 }
 
+static int64_t wait_for(bool wait_route, const char *prefer, int64_t *applied)
+{
+	route_cfg r = {0};
+	r.in_flight_wait = wait_route;
+	r.wait_max_ms = 10000;
+	header_list h = {0};
+	if (prefer)
+		header_list_add(&h, "Prefer", 6, prefer, strlen(prefer));
+	int64_t ms = idem_wait_ms(&r, &h, applied);
+	header_list_free(&h);
+	return ms;
+}
+
+static void test_prefer_wait(void **state)
+{
+	(void)state;
+	int64_t a;
+	assert_int_equal(wait_for(false, NULL, &a), 0);
+	assert_int_equal(a, -1);
+	assert_int_equal(wait_for(true, NULL, &a), 10000);
+	assert_int_equal(a, -1);
+	assert_int_equal(wait_for(false, "wait=5", &a), 5000);
+	assert_int_equal(a, 5);
+	assert_int_equal(wait_for(false, "respond-async, WAIT = 3", &a), 3000);
+	assert_int_equal(a, 3);
+	assert_int_equal(wait_for(false, "wait=\"7\"", &a), 7000);
+	assert_int_equal(wait_for(false, "wait=100", &a), 10000);
+	assert_int_equal(a, 10);
+	assert_int_equal(wait_for(true, "wait=0", &a), 0);
+	assert_int_equal(a, 0);
+	/* another preference's quoted value may hold a comma */
+	assert_int_equal(wait_for(false, "x=\"a, wait=9\", wait=2", &a), 2000);
+	assert_int_equal(wait_for(true, "wait=soon", &a), 10000);
+	assert_int_equal(a, -1);
+	assert_int_equal(wait_for(false, "waiting=4", &a), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -225,6 +262,7 @@ int main(void)
 		cmocka_unit_test(test_canonical_credentials),
 		cmocka_unit_test(test_authorization_tenant),
 		cmocka_unit_test(test_tenants_name_their_source),
+		cmocka_unit_test(test_prefer_wait),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

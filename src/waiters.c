@@ -1,0 +1,408 @@
+#include "waiters.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "metrics.h"
+
+/* Parked jobs live on one list: max_waiters bounds it (a thousand or so),
+ * and the thread walks it anyway for the deadlines and the sockets, so a
+ * wake-up's walk costs no more than the thread's own. */
+typedef struct waiter {
+	job *j;
+	uint8_t scope[WAKE_SCOPE_LEN];
+	double recheck_ms;
+	uint64_t seq;
+	struct waiter *prev, *next;
+} waiter;
+
+/* The most recent wake-ups, so that a job parking after a wake-up it could
+ * not yet receive (it was marking its record) claims again at once. */
+#define RECENT 256
+
+/* A submit refused by a full queue is tried again after this long. */
+#define RESUBMIT_MS 20.0
+
+struct waiters {
+	pthread_mutex_t mu;
+	waiter *head;
+	int parked;
+	atomic_int waiting; /* admitted: parked or claiming again */
+	atomic_int max;
+	bool draining, stopping;
+	uint64_t gen;
+	struct {
+		bool all;
+		uint8_t scope[WAKE_SCOPE_LEN];
+	} recent[RECENT];
+	uint64_t next_seq;
+	int efd;
+	pthread_t th;
+	waiters_ops ops;
+};
+
+static double dmin(double a, double b)
+{
+	return a < b ? a : b;
+}
+
+static void poke(waiters *w)
+{
+	uint64_t one = 1;
+	ssize_t n = write(w->efd, &one, sizeof one);
+	(void)n; /* a full counter already wakes the thread */
+}
+
+static void unlink_waiter(waiters *w, waiter *x)
+{
+	if (x->prev)
+		x->prev->next = x->next;
+	else
+		w->head = x->next;
+	if (x->next)
+		x->next->prev = x->prev;
+	x->prev = x->next = NULL;
+	w->parked--;
+}
+
+static void link_waiter(waiters *w, waiter *x)
+{
+	x->prev = NULL;
+	x->next = w->head;
+	if (w->head)
+		w->head->prev = x;
+	w->head = x;
+	w->parked++;
+}
+
+static const char *end_name(enum waiters_end why)
+{
+	switch (why) {
+	case WAITERS_TIMED_OUT:
+		return "timed_out";
+	case WAITERS_CLIENT_GONE:
+		return "client_gone";
+	case WAITERS_SHUTDOWN:
+		break;
+	}
+	return "shutdown";
+}
+
+/* Called without the lock. */
+static void finish(waiters *w, waiter *x, enum waiters_end why)
+{
+	job *j = x->j;
+	free(x);
+	waiters_leave(w, j, end_name(why));
+	w->ops.answer(w->ops.arg, j, why);
+}
+
+static void resubmit(waiters *w, waiter *x)
+{
+	pthread_mutex_lock(&w->mu);
+	bool draining = w->draining;
+	pthread_mutex_unlock(&w->mu);
+	if (draining) {
+		finish(w, x, WAITERS_SHUTDOWN);
+		return;
+	}
+	job *j = x->j;
+	if (w->ops.submit(w->ops.arg, j)) {
+		free(x);
+		return;
+	}
+	pthread_mutex_lock(&w->mu);
+	draining = w->draining;
+	if (!draining) {
+		x->recheck_ms = ip_now_ms() + RESUBMIT_MS;
+		link_waiter(w, x);
+	}
+	pthread_mutex_unlock(&w->mu);
+	if (draining)
+		finish(w, x, WAITERS_SHUTDOWN);
+}
+
+typedef struct scratch {
+	struct pollfd *pfd;
+	uint64_t *seq;
+	size_t cap;
+} scratch;
+
+/* With the lock held: moves due and expired waiters to the two lists,
+ * fills the poll set, and returns when the next deadline comes. */
+static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
+		      waiter **expired)
+{
+	double now = ip_now_ms(), next = now + 1000.0;
+	waiter *x = w->head, *nx;
+	for (; x; x = nx) {
+		nx = x->next;
+		if (x->j->wait_until_ms <= now || x->recheck_ms <= now) {
+			bool over = x->j->wait_until_ms <= now;
+			unlink_waiter(w, x);
+			x->next = over ? *expired : *due;
+			*(over ? expired : due) = x;
+			continue;
+		}
+		next = dmin(next, dmin(x->recheck_ms, x->j->wait_until_ms));
+	}
+	if (s->cap < (size_t)w->parked + 1) {
+		s->cap = (size_t)w->parked + 64;
+		s->pfd = xrealloc(s->pfd, s->cap * sizeof *s->pfd);
+		s->seq = xrealloc(s->seq, s->cap * sizeof *s->seq);
+	}
+	size_t n = 0;
+	for (x = w->head; x; x = x->next) {
+		if (x->j->client_fd < 0)
+			continue;
+		/* Not POLLIN: a pipelined next request is no hang-up. */
+		s->pfd[n] = (struct pollfd){x->j->client_fd, POLLRDHUP, 0};
+		s->seq[n++] = x->seq;
+	}
+	s->pfd[n] = (struct pollfd){w->efd, POLLIN, 0};
+	*nfds = n;
+	return next;
+}
+
+/* With the lock held: the waiters whose clients hung up. */
+static waiter *hung_up(waiters *w, const scratch *s, size_t n)
+{
+	waiter *gone = NULL;
+	for (size_t i = 0; i < n; i++) {
+		if (!(s->pfd[i].revents &
+		      (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+			continue;
+		for (waiter *x = w->head; x; x = x->next) {
+			if (x->seq != s->seq[i])
+				continue;
+			unlink_waiter(w, x);
+			x->next = gone;
+			gone = x;
+			break;
+		}
+	}
+	return gone;
+}
+
+static void *waiters_main(void *arg)
+{
+	waiters *w = arg;
+	scratch s = {0};
+	pthread_mutex_lock(&w->mu);
+	while (!w->stopping) {
+		waiter *due = NULL, *expired = NULL, *nx;
+		size_t n = 0;
+		double next = collect(w, &s, &n, &due, &expired);
+		pthread_mutex_unlock(&w->mu);
+		for (waiter *x = expired; x; x = nx) {
+			nx = x->next;
+			finish(w, x, WAITERS_TIMED_OUT);
+		}
+		for (waiter *x = due; x; x = nx) {
+			nx = x->next;
+			resubmit(w, x);
+		}
+		if (due || expired) {
+			pthread_mutex_lock(&w->mu);
+			continue;
+		}
+		double left = next - ip_now_ms() + 1.0; /* round up */
+		int timeout = left < 0 ? 0 : left > 1000 ? 1000 : (int)left;
+		int rc = poll(s.pfd, n + 1, timeout);
+		if (rc > 0 && (s.pfd[n].revents & POLLIN)) {
+			uint64_t v;
+			ssize_t r = read(w->efd, &v, sizeof v);
+			(void)r;
+		}
+		pthread_mutex_lock(&w->mu);
+		if (rc <= 0)
+			continue;
+		waiter *gone = hung_up(w, &s, n);
+		pthread_mutex_unlock(&w->mu);
+		for (waiter *x = gone; x; x = nx) {
+			nx = x->next;
+			finish(w, x, WAITERS_CLIENT_GONE);
+		}
+		pthread_mutex_lock(&w->mu);
+	}
+	pthread_mutex_unlock(&w->mu);
+	free(s.pfd);
+	free(s.seq);
+	return NULL;
+}
+
+waiters *waiters_start(int max_waiters, const waiters_ops *ops)
+{
+	waiters *w = xcalloc(1, sizeof *w);
+	pthread_mutex_init(&w->mu, NULL);
+	atomic_init(&w->waiting, 0);
+	atomic_init(&w->max, max_waiters);
+	w->ops = *ops;
+	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	IP_ASSERT(w->efd >= 0);
+	IP_ASSERT(pthread_create(&w->th, NULL, waiters_main, w) == 0);
+	metrics_set_waiters(0);
+	return w;
+}
+
+void waiters_set_max(waiters *w, int max_waiters)
+{
+	atomic_store(&w->max, max_waiters);
+}
+
+bool waiters_admit(waiters *w, job *j)
+{
+	pthread_mutex_lock(&w->mu);
+	bool draining = w->draining;
+	pthread_mutex_unlock(&w->mu);
+	const char *why = draining ? "shutdown" : "rejected_full";
+	if (!draining) {
+		int n = atomic_fetch_add(&w->waiting, 1);
+		if (n < atomic_load(&w->max)) {
+			metrics_set_waiters(n + 1);
+			return true;
+		}
+		atomic_fetch_sub(&w->waiting, 1);
+	}
+	metrics_wait_outcome(j->route_name, why);
+	log_info("duplicate not held: too many waiting", "request_id=%s "
+		 "route=%s outcome=%s max_waiters=%d", j->request_id,
+		 j->route_name, why, atomic_load(&w->max));
+	return false;
+}
+
+void waiters_leave(waiters *w, job *j, const char *outcome)
+{
+	int n = atomic_fetch_sub(&w->waiting, 1) - 1;
+	metrics_set_waiters(n);
+	double waited = ip_now_ms() - j->wait_since_ms;
+	metrics_observe_wait_ms(waited);
+	metrics_wait_outcome(j->route_name, outcome);
+	log_info("duplicate done waiting", "request_id=%s route=%s outcome=%s "
+		 "waited_ms=%.1f", j->request_id, j->route_name, outcome,
+		 waited);
+}
+
+uint64_t waiters_generation(waiters *w)
+{
+	pthread_mutex_lock(&w->mu);
+	uint64_t g = w->gen;
+	pthread_mutex_unlock(&w->mu);
+	return g;
+}
+
+/* With the lock held. */
+static bool woken_since(const waiters *w, const uint8_t *scope, uint64_t gen)
+{
+	if (w->gen - gen >= RECENT)
+		return true;
+	for (uint64_t g = gen + 1; g <= w->gen; g++) {
+		const __typeof__(w->recent[0]) *r = &w->recent[g % RECENT];
+		if (r->all || !memcmp(r->scope, scope, WAKE_SCOPE_LEN))
+			return true;
+	}
+	return false;
+}
+
+bool waiters_park(waiters *w, job *j, const uint8_t scope[WAKE_SCOPE_LEN],
+		  double recheck_ms, uint64_t generation)
+{
+	pthread_mutex_lock(&w->mu);
+	if (w->draining) {
+		pthread_mutex_unlock(&w->mu);
+		return false;
+	}
+	waiter *x = xcalloc(1, sizeof *x);
+	x->j = j;
+	memcpy(x->scope, scope, WAKE_SCOPE_LEN);
+	x->recheck_ms = woken_since(w, scope, generation) ? 0 : recheck_ms;
+	x->seq = ++w->next_seq;
+	link_waiter(w, x);
+	pthread_mutex_unlock(&w->mu);
+	poke(w);
+	return true;
+}
+
+static void wake(waiters *w, const uint8_t *scope)
+{
+	bool any = false;
+	pthread_mutex_lock(&w->mu);
+	w->gen++;
+	w->recent[w->gen % RECENT].all = scope == NULL;
+	if (scope)
+		memcpy(w->recent[w->gen % RECENT].scope, scope, WAKE_SCOPE_LEN);
+	for (waiter *x = w->head; x; x = x->next) {
+		if (scope && memcmp(x->scope, scope, WAKE_SCOPE_LEN))
+			continue;
+		x->recheck_ms = 0;
+		any = true;
+	}
+	pthread_mutex_unlock(&w->mu);
+	if (any)
+		poke(w);
+}
+
+void waiters_wake(waiters *w, const uint8_t scope[WAKE_SCOPE_LEN])
+{
+	wake(w, scope);
+}
+
+void waiters_wake_all(waiters *w)
+{
+	wake(w, NULL);
+}
+
+bool waiters_any(waiters *w)
+{
+	return atomic_load(&w->waiting) > 0;
+}
+
+int waiters_count(waiters *w)
+{
+	return atomic_load(&w->waiting);
+}
+
+static waiter *take_all(waiters *w)
+{
+	waiter *all = w->head;
+	w->head = NULL;
+	w->parked = 0;
+	return all;
+}
+
+void waiters_drain(waiters *w)
+{
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->mu);
+	w->draining = true;
+	waiter *all = take_all(w);
+	pthread_mutex_unlock(&w->mu);
+	for (waiter *x = all, *nx; x; x = nx) {
+		nx = x->next;
+		finish(w, x, WAITERS_SHUTDOWN);
+	}
+}
+
+void waiters_stop(waiters *w)
+{
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->mu);
+	w->stopping = true;
+	w->draining = true;
+	pthread_mutex_unlock(&w->mu);
+	poke(w);
+	pthread_join(w->th, NULL);
+	/* drain answered them all before the front end stopped */
+	IP_ASSERT(w->head == NULL);
+	close(w->efd);
+	pthread_mutex_destroy(&w->mu);
+	free(w);
+}

@@ -1,0 +1,289 @@
+"""Duplicates that wait for the original (in_flight = "wait", Prefer: wait):
+answered with the original's response as soon as it is recorded, on
+whichever instance they wait, holding no worker while they wait."""
+import socket
+import threading
+
+import requests
+
+from helpers import (TIMEOUT, assert_problem, assert_retry_after, fire_together, is_replay,
+                     new_key, wait_until)
+from store_support import metrics
+
+PAY = "/v1/payments"
+WAIT = {"in_flight": "wait", "wait_max": "30s", "lease": "60s"}
+LONG = 60  # client timeout for requests that wait
+
+
+def wait_routes(**extra):
+    return {"create_payment": dict(WAIT, **extra)}
+
+
+def waiters(p):
+    return metrics(p).get("idemproxy_waiters", 0)
+
+
+def outcome(p, route, what):
+    return metrics(p).get('idemproxy_wait_outcomes_total{route="%s",outcome="%s"}'
+                          % (route, what), 0)
+
+
+def listeners(pg):
+    return pg.query("SELECT count(*) AS n FROM pg_stat_activity "
+                    "WHERE application_name = 'idemproxy-listen'")[0]["n"]
+
+
+def wait_waiters(n, *proxies):
+    wait_until(lambda: sum(waiters(p) for p in proxies) == n, timeout=30,
+               what="%d waiters" % n)
+
+
+class Bg:
+    """A request sent in the background; .result() waits for it."""
+
+    def __init__(self, fn):
+        self.value = None
+        self.t = threading.Thread(target=self._run, args=(fn,))
+        self.t.start()
+
+    def _run(self, fn):
+        try:
+            self.value = fn()
+        except Exception as e:
+            self.value = e
+
+    def result(self):
+        self.t.join(LONG + 10)
+        assert not self.t.is_alive(), "request still running"
+        if isinstance(self.value, Exception):
+            raise self.value
+        return self.value
+
+
+def post(p, key, body=None, headers=None):
+    h = {"Idempotency-Key": key}
+    h.update(headers or {})
+    return requests.post(p.url + PAY, json=body or {"amount": 100}, headers=h, timeout=LONG)
+
+
+def start_original(stub, p, key, gate="orig", **rule):
+    stub.configure(dict({"prefix": PAY, "key": key, "gate": gate, "times": 1}, **rule),
+                   append=True)
+    bg = Bg(lambda: post(p, key))
+    stub.wait_for(1, key=key)
+    return bg
+
+
+def assert_same_answer(replay, original):
+    assert replay.status_code == original.status_code, (replay.status_code, replay.content)
+    assert is_replay(replay), dict(replay.headers)
+    assert replay.content == original.content
+    for h in ("Content-Type", "Location"):
+        assert replay.headers.get(h) == original.headers.get(h), h
+
+
+def test_duplicate_on_other_instance_gets_the_original_response(make_proxy, stub):
+    a = make_proxy(route_overrides=wait_routes())
+    b = make_proxy(route_overrides=wait_routes())
+    key = new_key("other")
+    orig = start_original(stub, a, key)
+    dup = Bg(lambda: post(b, key))
+    wait_waiters(1, b)
+    stub.release("orig")
+    first, second = orig.result(), dup.result()
+    assert first.status_code == 201 and not is_replay(first)
+    assert_same_answer(second, first)
+    assert stub.count(key=key) == 1
+    assert outcome(b, "create_payment", "replayed") == 1
+    assert waiters(b) == 0
+    assert "duplicate done waiting" in b.log()
+
+
+def test_hundred_duplicates_over_two_instances_reach_the_upstream_once(make_proxy, stub):
+    a = make_proxy(route_overrides=wait_routes())
+    b = make_proxy(route_overrides=wait_routes())
+    key = new_key("burst")
+    orig = start_original(stub, a, key)
+    n = 100
+
+    def send(i):
+        return post((a, b)[i % 2], key)
+
+    results = []
+    t = threading.Thread(target=lambda: results.extend(fire_together(n, send)))
+    t.start()
+    wait_waiters(n, a, b)
+    stub.release("orig")
+    t.join(LONG + 30)
+    first = orig.result()
+    assert first.status_code == 201 and not is_replay(first)
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert not errors, errors[:3]
+    assert len(results) == n
+    for r in results:
+        assert_same_answer(r, first)
+    assert stub.count(key=key) == 1
+    assert (outcome(a, "create_payment", "replayed") +
+            outcome(b, "create_payment", "replayed")) == n
+
+
+def test_release_lets_exactly_one_waiter_take_over(make_proxy, stub):
+    a = make_proxy(route_overrides=wait_routes())
+    b = make_proxy(route_overrides=wait_routes())
+    key = new_key("release")
+    # The first attempt gets 503 (a release status); the one after it is
+    # slow, so the other waiters are still waiting when it answers.
+    stub.configure({"prefix": PAY, "key": key, "gate": "orig", "status": 503, "times": 1},
+                   {"prefix": PAY, "key": key, "delay": 0.5})
+    orig = Bg(lambda: post(a, key))
+    stub.wait_for(1, key=key)
+    dups = [Bg(lambda p=p: post(p, key)) for p in (a, b, a, b, a, b, a, b)]
+    wait_waiters(len(dups), a, b)
+    stub.release("orig")
+    assert orig.result().status_code == 503
+    got = [d.result() for d in dups]
+    fresh = [r for r in got if r.status_code == 201 and not is_replay(r)]
+    assert len(fresh) == 1, [(r.status_code, dict(r.headers)) for r in got]
+    for r in got:
+        if r is not fresh[0]:
+            assert_same_answer(r, fresh[0])
+    assert stub.count(key=key) == 2  # the released attempt and one takeover
+    assert (outcome(a, "create_payment", "took_over") +
+            outcome(b, "create_payment", "took_over")) == 1
+
+
+def test_listener_terminated_mid_wait_still_answers_every_waiter(make_proxy, stub, pg):
+    a = make_proxy(route_overrides=wait_routes())
+    b = make_proxy(route_overrides=wait_routes())
+    wait_until(lambda: listeners(pg) == 2, what="both listeners connected")
+    key = new_key("listen")
+    orig = start_original(stub, a, key)
+    dups = [Bg(lambda: post(b, key)) for _ in range(5)]
+    wait_waiters(5, b)
+    pg.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+             "WHERE application_name = 'idemproxy-listen'")
+    # Recorded while b's listener is away: its notification is lost, and
+    # b's waiters must claim again once the listener is back.
+    stub.release("orig")
+    first = orig.result()
+    for d in dups:
+        assert_same_answer(d.result(), first)
+    assert stub.count(key=key) == 1
+    wait_until(lambda: listeners(pg) == 2, what="listeners back")
+
+
+def test_wait_max_expiry_gives_409_with_retry_after(make_proxy, stub):
+    p = make_proxy(route_overrides=wait_routes(wait_max="1s"))
+    key = new_key("expire")
+    orig = start_original(stub, p, key)
+    r = post(p, key)
+    assert_problem(r, 409, "idempotency_key_in_use")
+    assert_retry_after(r)
+    assert outcome(p, "create_payment", "timed_out") == 1
+    assert waiters(p) == 0
+    stub.release("orig")
+    assert orig.result().status_code == 201
+    assert stub.count(key=key) == 1
+
+
+def test_max_waiters_overflow_is_answered_at_once(make_proxy, stub):
+    p = make_proxy(route_overrides=wait_routes(), top={"max_waiters": 2})
+    key = new_key("full")
+    orig = start_original(stub, p, key)
+    dups = [Bg(lambda: post(p, key)) for _ in range(2)]
+    wait_waiters(2, p)
+    r = post(p, key)  # the gate is still closed: answered without waiting
+    assert_problem(r, 409, "idempotency_key_in_use")
+    assert_retry_after(r)
+    assert outcome(p, "create_payment", "rejected_full") == 1
+    assert waiters(p) == 2
+    stub.release("orig")
+    first = orig.result()
+    for d in dups:
+        assert_same_answer(d.result(), first)
+    assert stub.count(key=key) == 1
+
+
+def test_fifty_waiters_do_not_stop_two_workers_serving_other_routes(make_proxy, stub):
+    p = make_proxy(route_overrides=wait_routes(), top={"workers": 2})
+    key = new_key("hold")
+    orig = start_original(stub, p, key)
+    dups = [Bg(lambda: post(p, key)) for _ in range(50)]
+    wait_waiters(50, p)
+    for i in range(10):
+        k = new_key("other%d" % i)
+        r = requests.post(p.url + "/v1/refunds", json={"n": i},
+                          headers={"Idempotency-Key": k}, timeout=TIMEOUT)
+        assert r.status_code == 201 and not is_replay(r), r.content
+        assert stub.count(key=k) == 1
+    assert waiters(p) == 50
+    stub.release("orig")
+    first = orig.result()
+    for d in dups:
+        assert_same_answer(d.result(), first)
+    assert stub.count(key=key) == 1
+
+
+def test_prefer_wait_on_a_reject_route(make_proxy, stub):
+    p = make_proxy()  # in_flight = "reject" (the default), wait_max 10s
+    key = new_key("prefer")
+    orig = start_original(stub, p, key)
+    plain = post(p, key)
+    assert_problem(plain, 409, "idempotency_key_in_use")
+    assert "Preference-Applied" not in plain.headers
+    asked = Bg(lambda: post(p, key, headers={"Prefer": "respond-async, wait=5"}))
+    capped = Bg(lambda: post(p, key, headers={"Prefer": "wait=100"}))
+    wait_waiters(2, p)
+    stub.release("orig")
+    first = orig.result()
+    a, c = asked.result(), capped.result()
+    assert_same_answer(a, first)
+    assert_same_answer(c, first)
+    assert a.headers.get("Preference-Applied") == "wait=5"
+    assert c.headers.get("Preference-Applied") == "wait=10"
+    assert stub.count(key=key) == 1
+
+
+def test_prefer_wait_zero_on_a_wait_route_is_answered_at_once(make_proxy, stub):
+    p = make_proxy(route_overrides=wait_routes())
+    key = new_key("zero")
+    orig = start_original(stub, p, key)
+    r = post(p, key, headers={"Prefer": "wait=0"})
+    assert_problem(r, 409, "idempotency_key_in_use")
+    assert_retry_after(r)
+    assert r.headers.get("Preference-Applied") == "wait=0"
+    assert waiters(p) == 0
+    stub.release("orig")
+    assert orig.result().status_code == 201
+
+
+def test_mismatch_is_answered_at_once_and_never_waits(make_proxy, stub):
+    p = make_proxy(route_overrides=wait_routes())
+    key = new_key("mismatch")
+    orig = start_original(stub, p, key)
+    r = post(p, key, body={"amount": 999})  # the gate is still closed
+    assert_problem(r, 409, "idempotency_key_mismatch")
+    assert waiters(p) == 0
+    stub.release("orig")
+    assert orig.result().status_code == 201
+    assert stub.count(key=key) == 1
+
+
+def test_client_that_hangs_up_is_dropped_from_the_wait_list(make_proxy, stub):
+    p = make_proxy(route_overrides=wait_routes())
+    key = new_key("gone")
+    orig = start_original(stub, p, key)
+    body = b'{"amount": 100}'
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=TIMEOUT)
+    s.sendall(b"POST " + PAY.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+              b"Content-Type: application/json\r\nIdempotency-Key: " + key.encode() +
+              b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    wait_waiters(1, p)
+    s.close()
+    wait_waiters(0, p)
+    assert outcome(p, "create_payment", "client_gone") == 1
+    stub.release("orig")
+    assert orig.result().status_code == 201
+    assert stub.count(key=key) == 1
+    # The proxy still serves, and the key replays.
+    assert is_replay(post(p, key))
