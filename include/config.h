@@ -82,6 +82,9 @@ typedef struct config {
 	int64_t replay_cache_ttl_ms; /* longest a cached replay is trusted */
 	int max_waiters;     /* duplicates waiting at once; beyond -> 409 */
 	int64_t shutdown_grace_ms;
+	int64_t request_head_timeout_ms; /* from ready for a request to its
+					    whole head; then 408 and close */
+	int64_t request_body_timeout_ms; /* from the head to the whole body */
 	int64_t busy_poll_ms; /* 0 = off; see busy.h */
 	enum log_level log_level;
 	bool log_json;

@@ -33,6 +33,12 @@ http_front *http_front_start(const front_opts *o, char *err,
 void http_front_quiesce(http_front *f);
 /* Requests handed to workers and not yet answered. */
 int http_front_in_flight(http_front *f);
+/* Shutdown: stops accepting, answers every request that arrives on an open
+ * connection from now on with 503 shutting_down and Connection: close (never
+ * started), and waits up to grace_ms until every request already started has
+ * been answered. Returns how many are still with workers (0: the daemon can
+ * be stopped; otherwise stopping it would abort, see MHD_stop_daemon). */
+int http_front_drain(http_front *f, int64_t grace_ms);
 void http_front_stop(http_front *f);
 
 /* The peer's address as text ("unknown" if MHD cannot tell). */

@@ -1003,6 +1003,14 @@ static const cfg_opt cfg_top[] = {
 	{.name = "shutdown_grace", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_HOUR,
 	 .off = C_(shutdown_grace_ms), .reload = CFG_APPLY},
+	/* Whole-request deadlines (MHD's 30 s timeout is an idle timeout that
+	 * a trickling client resets with every byte). */
+	{.name = "request_head_timeout", .conv = cfg_conv_duration,
+	 .def = "\"60s\"", .min = 100, .max = CFG_MS_HOUR,
+	 .off = C_(request_head_timeout_ms), .reload = CFG_APPLY},
+	{.name = "request_body_timeout", .conv = cfg_conv_duration,
+	 .def = "\"300s\"", .min = 100, .max = CFG_MS_HOUR,
+	 .off = C_(request_body_timeout_ms), .reload = CFG_APPLY},
 	{.name = "busy_poll", .conv = cfg_conv_duration, .def = "\"0ms\"",
 	 .min = 0, .max = 100, .off = C_(busy_poll_ms), .reload = CFG_APPLY},
 	{.name = "log_level", .conv = cfg_conv_enum, .def = "\"info\"",

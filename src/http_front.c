@@ -4,25 +4,60 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "metrics.h"
+#include "problem.h"
 #include "proxy.h"
+
+/* What a connection is waiting for, for the request deadlines: its request
+ * head (from the moment it is ready for a request: accepted, or the
+ * previous answer sent), or the rest of its body. MHD's own timeout is an
+ * idle timeout, which a client that trickles one byte at a time resets
+ * forever. */
+enum phase { PH_HEAD, PH_BODY, PH_NONE };
+
+/* One per client connection (MHD's socket context), on the front end's
+ * list while MHD holds the socket open: MHD calls the CLOSED notification,
+ * which unlinks it under the lock, before it closes the fd, so the
+ * watchdog never touches an fd that may have been reused. */
+typedef struct conn_slot {
+	struct conn_slot *prev, *next;
+	int fd;
+	enum phase phase;     /* under f->mu */
+	double deadline_ms;   /* under f->mu */
+	atomic_bool expired;  /* the watchdog answered 408 and shut it */
+} conn_slot;
 
 struct http_front {
 	struct MHD_Daemon *d;
 	front_opts o;
-	atomic_int in_flight;
+	atomic_int in_flight;     /* with a worker (suspended) */
+	atomic_int open_requests; /* head read, answer not yet sent */
+	atomic_bool draining;
 	atomic_ulong next_id;
 	char id_prefix[17];
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	conn_slot *slots;
+	bool watch_stop;
+	bool watch_started;
+	pthread_t watchdog;
+	ip_buf timeout_answer; /* a whole 408 response, written by the watchdog */
 };
+
+/* How often the watchdog looks at the deadlines: their resolution. */
+#define FRONT_WATCH_TICK_MS 100
 
 /* Header lines one request may carry; more is an attack, not an API call. */
 #define FRONT_MAX_HEADERS 256
@@ -32,15 +67,146 @@ enum stage { ST_HEADERS, ST_BODY, ST_WAITING, ST_DONE, ST_ANSWERED };
 typedef struct req_ctx {
 	http_front *f;
 	struct MHD_Connection *conn;
+	conn_slot *slot;
 	char *raw_target;
 	job *j;
 	atomic_int stage;
+	bool counted; /* in f->open_requests */
 	bool too_large;
 	bool bad_header;
 	bool bad_key;
+	bool folded;
 	size_t header_bytes;
 	size_t header_count;
 } req_ctx;
+
+/* ---- request deadlines ------------------------------------------------ */
+
+/* Called with f->mu held. */
+static void slot_arm(conn_slot *s, enum phase ph, int64_t ms)
+{
+	s->phase = ph;
+	s->deadline_ms = ip_now_ms() + (double)ms;
+}
+
+/* Moves the connection to its next phase; false when the watchdog already
+ * answered it (the caller then drops the connection without a word: the
+ * 408 is on its way). Nothing is written by MHD for this connection while
+ * it is in PH_HEAD or PH_BODY, so the watchdog's 408 never interleaves with
+ * an answer of ours. */
+static bool slot_enter(http_front *f, conn_slot *s, enum phase ph, int64_t ms)
+{
+	if (!s)
+		return true;
+	pthread_mutex_lock(&f->mu);
+	bool ok = !atomic_load(&s->expired);
+	if (ok)
+		slot_arm(s, ph, ms);
+	pthread_mutex_unlock(&f->mu);
+	return ok;
+}
+
+static void slot_expire(http_front *f, conn_slot *s)
+{
+	atomic_store(&s->expired, true);
+	/* Best effort: the socket is idle in our direction, so the small
+	 * answer fits its send buffer. The shutdown makes MHD see the end of
+	 * the stream and close the connection itself. */
+	ssize_t n = send(s->fd, f->timeout_answer.data, f->timeout_answer.len,
+			 MSG_NOSIGNAL | MSG_DONTWAIT);
+	(void)n;
+	shutdown(s->fd, SHUT_RDWR);
+	metrics_event("request_timeout");
+	log_info("request deadline passed; answered 408 and closed",
+		 "waiting_for=%s", s->phase == PH_HEAD ? "head" : "body");
+}
+
+static void *watchdog_main(void *arg)
+{
+	http_front *f = arg;
+	pthread_mutex_lock(&f->mu);
+	while (!f->watch_stop) {
+		double now = ip_now_ms();
+		for (conn_slot *s = f->slots; s; s = s->next)
+			if (s->phase != PH_NONE && !atomic_load(&s->expired) &&
+			    now >= s->deadline_ms)
+				slot_expire(f, s);
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += FRONT_WATCH_TICK_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+	}
+	pthread_mutex_unlock(&f->mu);
+	return NULL;
+}
+
+static int64_t current_head_timeout(http_front *f)
+{
+	config *cfg = f->o.get_config(f->o.arg);
+	int64_t ms = cfg->request_head_timeout_ms;
+	config_unref(cfg);
+	return ms;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn,
+			  void **socket_ctx,
+			  enum MHD_ConnectionNotificationCode code)
+{
+	http_front *f = cls;
+	if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci = MHD_get_connection_info(
+			conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+		if (!ci)
+			return;
+		conn_slot *s = xcalloc(1, sizeof *s);
+		s->fd = ci->connect_fd;
+		atomic_init(&s->expired, false);
+		int64_t head_ms = current_head_timeout(f);
+		pthread_mutex_lock(&f->mu);
+		slot_arm(s, PH_HEAD, head_ms);
+		s->next = f->slots;
+		if (f->slots)
+			f->slots->prev = s;
+		f->slots = s;
+		pthread_mutex_unlock(&f->mu);
+		*socket_ctx = s;
+		return;
+	}
+	conn_slot *s = *socket_ctx;
+	if (!s)
+		return;
+	pthread_mutex_lock(&f->mu);
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		f->slots = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	pthread_mutex_unlock(&f->mu);
+	free(s);
+	*socket_ctx = NULL;
+}
+
+static void render_timeout_answer(ip_buf *out)
+{
+	ip_buf body = {0};
+	problem_render(&body, 408, "request_timeout",
+		       "the request head or body did not arrive within "
+		       "request_head_timeout or request_body_timeout",
+		       NULL);
+	ip_buf_printf(out,
+		      "HTTP/1.1 408 Request Timeout\r\n"
+		      "Connection: close\r\n"
+		      "Content-Type: " PROBLEM_CONTENT_TYPE "\r\n"
+		      "Content-Length: %zu\r\n\r\n",
+		      body.len);
+	ip_buf_append(out, body.data, body.len);
+	ip_buf_free(&body);
+}
 
 int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
 		      bool *v6, char *err, size_t errlen)
@@ -79,7 +245,59 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	c->conn = conn;
 	c->raw_target = xstrdup(uri ? uri : "");
 	atomic_init(&c->stage, ST_HEADERS);
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	c->slot = ci ? ci->socket_context : NULL;
 	return c;
+}
+
+/* RFC 3986 unreserved, sub-delims, ':' '@' (pchar) and '/' '?': the bytes
+ * an origin-form target (RFC 9112 3.2.1) may hold besides %HH. Everything
+ * else ('#', spaces, quotes, braces, non-ASCII...) is a byte that some
+ * parser between us and the upstream would treat differently: curl drops a
+ * fragment, for one, so the request routed and claimed would not be the
+ * one executed. */
+static bool is_target_char(unsigned char ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+	       (ch >= '0' && ch <= '9') ||
+	       (ch && strchr("-._~!$&'()*+,;=:@/?", ch));
+}
+
+static bool is_hex(unsigned char ch)
+{
+	return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') ||
+	       (ch >= 'A' && ch <= 'F');
+}
+
+static bool origin_form(const char *t)
+{
+	if (t[0] != '/')
+		return false; /* absolute-form, authority-form, asterisk-form */
+	for (const unsigned char *p = (const unsigned char *)t; *p; p++) {
+		if (*p == '%') {
+			if (!is_hex(p[1]) || !is_hex(p[2]))
+				return false;
+			p += 2;
+		} else if (!is_target_char(*p)) {
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Methods are case-sensitive (RFC 9110 9.1) but many frameworks upper-case
+ * them: "post" would be forwarded unprotected and run as a POST. A method
+ * must be a token without lower-case letters. */
+static bool method_ok(const char *m)
+{
+	if (!*m)
+		return false;
+	for (const unsigned char *p = (const unsigned char *)m; *p; p++)
+		if ((*p >= 'a' && *p <= 'z') || *p <= 0x20 || *p >= 0x7f ||
+		    strchr("\"(),/:;<=>?@[\\]{}", *p))
+			return false;
+	return true;
 }
 
 /* RFC 9110 5.6.2 tchar. */
@@ -112,11 +330,35 @@ static bool header_bytes_ok(const char *p, size_t n, bool is_value)
 	return true;
 }
 
+/* libmicrohttpd 0.9.75 parses a header line in place in its read buffer:
+ * the name, the colon (overwritten with NUL), optional SP/HTAB, the value.
+ * An obs-fold continuation line is glued onto the *name* (X-Tenant-I: V
+ * followed by " d" arrives as X-Tenant-Id: V), and that name is moved to a
+ * new block of the connection's memory pool, past the read buffer. So a
+ * header whose value does not follow its own name on the same line was
+ * folded: refuse it, as RFC 9112 5.2 allows. */
+static bool on_its_own_line(const char *key, size_t key_size,
+			    const char *value, size_t max_gap)
+{
+	uintptr_t k = (uintptr_t)key, v = (uintptr_t)value;
+	if (v < k + key_size + 1 || v - (k + key_size + 1) > max_gap)
+		return false;
+	if (key[key_size] != '\0')
+		return false;
+	for (const char *p = key + key_size + 1; p < value; p++)
+		if (*p != ' ' && *p != '\t')
+			return false;
+	return true;
+}
+
 static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 				      const char *key, size_t key_size,
 				      const char *value, size_t value_size)
 {
 	req_ctx *c = cls;
+	if (!value || !on_its_own_line(key, key_size, value,
+				       (size_t)c->j->cfg->max_header_size))
+		c->folded = true;
 	/* A control byte (bare CR, LF, NUL...) in a header would reach the
 	 * upstream, whose parser may split the line differently from ours:
 	 * refuse the request instead. */
@@ -217,9 +459,13 @@ static enum MHD_Result send_job_response(struct MHD_Connection *conn,
 static void on_job_done(job *j)
 {
 	req_ctx *c = j->front_ctx;
+	http_front *f = c->f; /* c may be gone once the connection resumes */
 	atomic_store(&c->stage, ST_DONE);
-	atomic_fetch_sub(&c->f->in_flight, 1);
 	MHD_resume_connection(c->conn);
+	/* Only now: a drain that sees no request in flight may stop the
+	 * daemon, and MHD_stop_daemon aborts on a connection still
+	 * suspended (it does resume those already marked for resuming). */
+	atomic_fetch_sub(&f->in_flight, 1);
 }
 
 /* A rejection the event thread answers itself (413, 503 overloaded). */
@@ -228,11 +474,60 @@ static enum MHD_Result answer_now(req_ctx *c, int status, const char *code,
 				  int64_t retry_after_s)
 {
 	job *j = c->j;
+	if (!slot_enter(c->f, c->slot, PH_NONE, 0))
+		return MHD_NO;
 	j->outcome = outcome;
 	proxy_problem(j, status, code, detail, retry_after_s);
 	proxy_account(j);
 	atomic_store(&c->stage, ST_ANSWERED);
 	return send_job_response(c->conn, j);
+}
+
+/* The same, and the connection is closed after the answer: for requests
+ * whose framing or header block we do not trust, and during a drain. */
+static enum MHD_Result answer_close(req_ctx *c, int status, const char *code,
+				    const char *outcome, const char *detail,
+				    int64_t retry_after_s)
+{
+	job *j = c->j;
+	if (!slot_enter(c->f, c->slot, PH_NONE, 0))
+		return MHD_NO;
+	j->outcome = outcome;
+	proxy_problem(j, status, code, detail, retry_after_s);
+	header_list_add(&j->resp_headers, "Connection", 10, "close", 5);
+	proxy_account(j);
+	atomic_store(&c->stage, ST_ANSWERED);
+	return send_job_response(c->conn, j);
+}
+
+#define SHUTTING_DOWN_DETAIL                                                   \
+	"the proxy is shutting down; retry on a new connection"
+
+/* What the request line and header block must satisfy before anything
+ * else looks at the request; NULL when they do. */
+static const char *head_problem(req_ctx *c, const char *method)
+{
+	header_list *h = &c->j->req_headers;
+	if (!method_ok(method))
+		return "the method must be a token in upper case (methods are "
+		       "case-sensitive)";
+	if (!origin_form(c->j->target))
+		return "the request target must be origin-form: a path from "
+		       "'/' with an optional query, only characters RFC 3986 "
+		       "allows there, no fragment";
+	if (c->folded)
+		return "a header line is folded (obs-fold) or malformed";
+	size_t hosts = header_list_count(h, "Host");
+	bool http11 = strcmp(c->j->version, "HTTP/1.0") != 0;
+	if (hosts > 1 || (http11 && hosts == 0))
+		return "an HTTP/1.1 request needs exactly one Host header";
+	size_t te = header_list_count(h, "Transfer-Encoding");
+	if (te && (te > 1 || !http11 ||
+		   !ip_strcaseeq(header_list_get(h, "Transfer-Encoding"),
+				 "chunked")))
+		return "the only transfer coding accepted is a single "
+		       "\"chunked\"";
+	return NULL;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
@@ -249,6 +544,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	if (st == ST_HEADERS) {
 		c->j = start_job(c, method, version);
 		atomic_store(&c->stage, ST_BODY);
+		c->counted = true;
+		atomic_fetch_add(&f->open_requests, 1);
+		if (!slot_enter(f, c->slot, PH_BODY,
+				c->j->cfg->request_body_timeout_ms))
+			return MHD_NO;
+		const char *why = head_problem(c, method);
+		if (why)
+			return answer_close(c, 400, "bad_request", "rejected",
+					    why, 0);
+		if (atomic_load(&f->draining))
+			return answer_close(c, 503, "shutting_down", "rejected",
+					    SHUTTING_DOWN_DETAIL, 1);
 		if (c->bad_key && !c->bad_header)
 			return answer_now(c, 400, "idempotency_key_invalid",
 					  "key_invalid",
@@ -291,6 +598,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		}
 		return MHD_YES;
 	}
+	if (c->slot && atomic_load(&c->slot->expired))
+		return MHD_NO; /* answered 408 by the watchdog */
 	if (st == ST_BODY && *upload_size) {
 		/* Chunked uploads come without Content-Length: enforce the
 		 * limit while accumulating. */
@@ -313,14 +622,27 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 					  "max_request_body",
 					  0);
 		job *j = c->j;
+		/* Counted before the drain flag is read (both seq_cst): either
+		 * this request sees the drain and is not started, or the drain
+		 * sees it in flight and waits for it. */
+		atomic_fetch_add(&f->in_flight, 1);
+		if (atomic_load(&f->draining)) {
+			atomic_fetch_sub(&f->in_flight, 1);
+			return answer_close(c, 503, "shutting_down", "rejected",
+					    SHUTTING_DOWN_DETAIL, 1);
+		}
+		if (!slot_enter(f, c->slot, PH_NONE, 0)) {
+			atomic_fetch_sub(&f->in_flight, 1);
+			return MHD_NO;
+		}
 		if (f->o.fast && f->o.fast(f->o.fast_arg, j)) {
+			atomic_fetch_sub(&f->in_flight, 1);
 			atomic_store(&c->stage, ST_ANSWERED);
 			return send_job_response(conn, j);
 		}
 		j->done = on_job_done;
 		j->front_ctx = c;
 		atomic_store(&c->stage, ST_WAITING);
-		atomic_fetch_add(&f->in_flight, 1);
 		/* Suspend before the job can finish, so the resume always
 		 * follows the suspend. */
 		MHD_suspend_connection(conn);
@@ -356,10 +678,27 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **ctxp,
 	/* A job still with a worker is never freed here: suspended
 	 * connections are not closed. */
 	IP_ASSERT(atomic_load(&c->stage) != ST_WAITING);
+	http_front *f = cls;
+	/* The connection is ready for its next request: its head deadline
+	 * starts now (with the configuration this request ran under). */
+	if (c->slot)
+		(void)slot_enter(f, c->slot, PH_HEAD,
+				 c->j ? c->j->cfg->request_head_timeout_ms
+				      : current_head_timeout(f));
+	if (c->counted)
+		atomic_fetch_sub(&f->open_requests, 1);
 	job_free(c->j);
 	free(c->raw_target);
 	free(c);
 	*ctxp = NULL;
+}
+
+static void front_free(http_front *f)
+{
+	pthread_cond_destroy(&f->cv);
+	pthread_mutex_destroy(&f->mu);
+	ip_buf_free(&f->timeout_answer);
+	free(f);
 }
 
 http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
@@ -374,6 +713,13 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 	if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
 		memset(rnd, 0, sizeof rnd);
 	ip_hex(rnd, 4, f->id_prefix);
+	pthread_mutex_init(&f->mu, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&f->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	render_timeout_answer(&f->timeout_answer);
 	unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD |
 			 MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC |
 			 MHD_USE_ERROR_LOG;
@@ -383,6 +729,7 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		flags, 0, NULL, NULL, on_request, f, MHD_OPTION_SOCK_ADDR,
 		(struct sockaddr *)&ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
+		MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
 		MHD_OPTION_PER_IP_CONNECTION_LIMIT,
 		(unsigned)o->max_connections_per_ip,
@@ -392,14 +739,27 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		(size_t)(2 * o->max_header_size + 16384),
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)30,
 		MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
-		MHD_OPTION_STRICT_FOR_CLIENT, (int)1,
+		/* Not 1: at level 1 libmicrohttpd 0.9.75 answers a request
+		 * without Host itself, with its status line and headers
+		 * written twice (the error queued while parsing the headers
+		 * is built again when its state machine, which overwrote the
+		 * state, reaches START_REPLY). head_problem checks Host and
+		 * spaces in the target itself. */
+		MHD_OPTION_STRICT_FOR_CLIENT, (int)0,
 		MHD_OPTION_END);
 	if (!f->d) {
 		snprintf(err, errlen, "cannot listen on %s (in use?)",
 			 o->listen);
-		free(f);
+		front_free(f);
 		return NULL;
 	}
+	if (pthread_create(&f->watchdog, NULL, watchdog_main, f)) {
+		snprintf(err, errlen, "cannot start the deadline watchdog");
+		MHD_stop_daemon(f->d);
+		front_free(f);
+		return NULL;
+	}
+	f->watch_started = true;
 	return f;
 }
 
@@ -415,10 +775,29 @@ int http_front_in_flight(http_front *f)
 	return atomic_load(&f->in_flight);
 }
 
+int http_front_drain(http_front *f, int64_t grace_ms)
+{
+	atomic_store(&f->draining, true);
+	http_front_quiesce(f);
+	double deadline = ip_now_ms() + (double)grace_ms;
+	while (atomic_load(&f->open_requests) > 0 && ip_now_ms() < deadline) {
+		struct timespec ts = {0, 10 * 1000000L};
+		nanosleep(&ts, NULL);
+	}
+	return atomic_load(&f->in_flight);
+}
+
 void http_front_stop(http_front *f)
 {
 	if (!f)
 		return;
+	if (f->watch_started) {
+		pthread_mutex_lock(&f->mu);
+		f->watch_stop = true;
+		pthread_cond_signal(&f->cv);
+		pthread_mutex_unlock(&f->mu);
+		pthread_join(f->watchdog, NULL);
+	}
 	MHD_stop_daemon(f->d);
-	free(f);
+	front_free(f);
 }

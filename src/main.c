@@ -323,15 +323,11 @@ static int serve(config *cfg)
 	int64_t grace = cfg_current->shutdown_grace_ms;
 	log_info("shutting down", "signal=%d in_flight=%d grace_ms=%lld", sig,
 		 http_front_in_flight(front), (long long)grace);
-	http_front_quiesce(front);
-	/* Suspended connections must be resumed before the front end stops. */
+	/* Waiting duplicates are answered first: their connections are
+	 * suspended, and must be resumed before the front end stops. */
 	waiters_drain(wt);
 	double deadline = ip_now_ms() + (double)grace;
-	while (http_front_in_flight(front) > 0 && ip_now_ms() < deadline) {
-		struct timespec ts = {0, 10 * 1000000L};
-		nanosleep(&ts, NULL);
-	}
-	int left = http_front_in_flight(front);
+	int left = http_front_drain(front, grace);
 	if (left > 0) {
 		/* Their records stay processing; the lease rules apply. */
 		log_warn("shutdown grace ended with requests in flight",
@@ -340,9 +336,6 @@ static int serve(config *cfg)
 		fflush(stderr);
 		_exit(0);
 	}
-	/* Let answers already queued reach their clients. */
-	struct timespec ts = {0, 200 * 1000000L};
-	nanosleep(&ts, NULL);
 	http_front_stop(front);
 	admin_stop(adm);
 	reaper_stop(rp);

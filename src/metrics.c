@@ -380,7 +380,7 @@ static void render_scalar(ip_buf *out, const char *name, const char *type,
 static const char *const known_events[] = {
 	"record_failed", "record_fenced", "forwarded_unprotected",
 	"replay_cache_hit", "overloaded", "record_deferred", "record_retried",
-	"upstream_connection_desync", "record_unreadable"};
+	"upstream_connection_desync", "record_unreadable", "request_timeout"};
 
 void metrics_render(ip_buf *out)
 {

@@ -33,6 +33,8 @@ static const struct problem_def problems[] = {
 	{ "upstream_unavailable", "Upstream unavailable" },
 	{ "idempotency_store_unavailable", "Idempotency store unavailable" },
 	{ "overloaded", "Proxy overloaded" },
+	{ "shutting_down", "Proxy shutting down" },
+	{ "request_timeout", "Request not received in time" },
 	{ "upstream_outcome_unknown", "Upstream outcome unknown" },
 	{ "admin_unauthorized", "Unauthorized" },
 	{ "not_found", "Not found" },
