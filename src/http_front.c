@@ -514,7 +514,8 @@ static const char *head_problem(req_ctx *c, const char *method)
 	if (!origin_form(c->j->target))
 		return "the request target must be origin-form: a path from "
 		       "'/' with an optional query, only characters RFC 3986 "
-		       "allows there, no fragment";
+		       "allows there (a '%' followed by two hex digits), no "
+		       "fragment";
 	if (c->folded)
 		return "a header line is folded (obs-fold) or malformed";
 	size_t hosts = header_list_count(h, "Host");
