@@ -202,8 +202,11 @@ class Run:
             return False, "held" if "operator" in (a["detail"] or "") else "in_use"
         if code == "idempotency_key_mismatch":
             return True, "mismatch"
+        # shutting_down: a draining proxy refused to start it (retry on
+        # another connection, as the answer says)
         if code in ("idempotency_store_unavailable", "overloaded",
-                    "upstream_unavailable", "upstream_outcome_unknown"):
+                    "upstream_unavailable", "upstream_outcome_unknown",
+                    "shutting_down"):
             return False, {"idempotency_store_unavailable": "store_unavailable",
                            "upstream_outcome_unknown": "outcome_unknown"}.get(code, code)
         return True, code

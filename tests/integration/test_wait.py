@@ -1,6 +1,7 @@
 """Duplicates that wait for the original (in_flight = "wait", Prefer: wait):
 answered with the original's response as soon as it is recorded, on
 whichever instance they wait, holding no worker while they wait."""
+import signal
 import socket
 import threading
 
@@ -287,3 +288,47 @@ def test_client_that_hangs_up_is_dropped_from_the_wait_list(make_proxy, stub):
     assert stub.count(key=key) == 1
     # The proxy still serves, and the key replays.
     assert is_replay(post(p, key))
+
+
+def test_waiters_whose_claim_fails_get_503_and_nothing_is_forwarded(make_proxy, stub, pg):
+    from test_records import break_idem_claim
+    p = make_proxy(route_overrides=wait_routes())
+    key = new_key("storefail")
+    orig = start_original(stub, p, key)
+    dups = [Bg(lambda: post(p, key)) for _ in range(3)]
+    wait_waiters(3, p)
+    # The original records (complete does not call idem_claim); the woken
+    # waiters' claims then fail: each is answered 503, none hangs, none is
+    # forwarded in the original's place.
+    break_idem_claim(pg, "RAISE EXCEPTION 'boom';")
+    stub.release("orig")
+    assert orig.result().status_code == 201
+    for d in dups:
+        r = d.result()
+        assert_problem(r, 503, "idempotency_store_unavailable")
+        assert_retry_after(r)
+    assert waiters(p) == 0
+    assert stub.count(key=key) == 1
+    assert outcome(p, "create_payment", "store_unavailable") == 3
+
+
+def test_sigterm_answers_every_waiter_then_finishes_the_original(make_proxy, stub, pg):
+    p = make_proxy(route_overrides=wait_routes(), top={"shutdown_grace": "20s"})
+    key = new_key("drain")
+    orig = start_original(stub, p, key)
+    dups = [Bg(lambda: post(p, key)) for _ in range(3)]
+    wait_waiters(3, p)
+    p.proc.send_signal(signal.SIGTERM)
+    # The waiters are answered at once, before the front end stops (a
+    # connection still suspended then would abort libmicrohttpd) ...
+    for d in dups:
+        r = d.result()
+        assert_problem(r, 409, "idempotency_key_in_use")
+        assert_retry_after(r)
+    # ... while the original, already with the upstream, is finished and
+    # recorded within the grace.
+    stub.release("orig")
+    assert orig.result().status_code == 201
+    assert p.stop() == 0
+    assert pg.record(key)["state"] == "completed"
+    assert stub.count(key=key) == 1
