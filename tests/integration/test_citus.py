@@ -16,17 +16,23 @@ from helpers import assert_problem, is_replay, new_key, wait_until
 HOOKS = "/hooks/charge"
 
 
+def stored(tenant):
+    """The tenant as the hooks route stores it (it names its source): the
+    distribution column's value, which decides the shard."""
+    return "header:" + tenant
+
+
 def worker_port(pg, tenant):
     """The port of the worker that holds tenant's shard."""
     return pg.query(
         "SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = "
         "get_shard_id_for_distribution_column('idempotency_records', %s::text)",
-        (tenant,))[0]["nodeport"]
+        (stored(tenant),))[0]["nodeport"]
 
 
 def shard_of(pg, tenant):
     return pg.query("SELECT get_shard_id_for_distribution_column("
-                    "'idempotency_records', %s::text) AS s", (tenant,))[0]["s"]
+                    "'idempotency_records', %s::text) AS s", (stored(tenant),))[0]["s"]
 
 
 def tenants_on_each_worker(pg, cluster):
@@ -53,7 +59,7 @@ def shard_rows(cluster, pg, tenant):
     """The records of tenant as the worker's shard table holds them."""
     node = node_by_port(cluster, worker_port(pg, tenant))
     return on_node(node, pg.name, "SELECT idem_key, state FROM idempotency_records_%d "
-                   "WHERE tenant = %%s" % shard_of(pg, tenant), (tenant,))
+                   "WHERE tenant = %%s" % shard_of(pg, tenant), (stored(tenant),))
 
 
 def claim_calls(node, dbname):
@@ -98,7 +104,7 @@ def test_the_claim_is_delegated_to_the_tenants_worker(make_proxy, stub, pg, pg_c
     plan = "\n".join(r["QUERY PLAN"] for r in pg.query(
         "EXPLAIN SELECT o_decision, o_owner, o_attempt, o_lease_ms, o_status, o_headers, "
         "o_body, o_replayable, o_expires_ms FROM idem_claim(%s, %s, %s, %s, %s, %s, %s, %s)",
-        (tenant, "hooks", "k", b"\0" * 32, 1000, 60000, False,
+        (stored(tenant), "hooks", "k", b"\0" * 32, 1000, 60000, False,
          "4f9c0f3e-6f0d-4a59-9c55-7c1b1d0e5a11")))
     assert "Task Count: 1" in plan, plan
     assert "port=%d" % port in plan, plan
@@ -259,13 +265,13 @@ def test_reaper_releases_and_purges_on_every_shard(make_proxy, stub, pg, pg_clus
             "SELECT %s, 'hooks', 'dead-' || g, sha256(g::text::bytea), 'processing', "
             "gen_random_uuid(), 1, now() - interval '1 minute', now() - interval '1 hour', "
             "now() - interval '1 hour', now() + interval '1 hour' "
-            "FROM generate_series(1, 10) g", (t,))
+            "FROM generate_series(1, 10) g", (stored(t),))
         pg.execute(
             "INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, "
             "state, owner_token, attempt, created_at, updated_at, expires_at) "
             "SELECT %s, 'hooks', 'old-' || g, sha256(g::text::bytea), 'completed', "
             "gen_random_uuid(), 1, now() - interval '2 days', now() - interval '2 days', "
-            "now() - interval '1 minute' FROM generate_series(1, 10) g", (t,))
+            "now() - interval '1 minute' FROM generate_series(1, 10) g", (stored(t),))
     proxy.start()
     wait_until(lambda: pg.query("SELECT count(*) AS n FROM idempotency_records "
                                 "WHERE idem_key LIKE 'old-%%'")[0]["n"] == 0,
