@@ -290,6 +290,15 @@ static void check_body(const keyparts_request *rq, body_state *b)
 		return;
 	}
 	json_error_t jerr;
+	/* A NUL byte is never JSON text (RFC 8259), but jansson skips one
+	 * after a number while the walker that finds the parts does not:
+	 * refuse the body rather than let the two read it differently. */
+	if (rq->body_len && memchr(rq->body, '\0', rq->body_len)) {
+		snprintf(b->why, sizeof b->why,
+			 "needs a JSON body, and the body is not valid JSON "
+			 "(it holds a NUL byte)");
+		return;
+	}
 	/* Integers as reals: one beyond 64 bits is valid JSON, and its text
 	 * is what the key gets. */
 	json_t *doc = json_loadb(rq->body ? rq->body : "", rq->body_len,

@@ -18,6 +18,11 @@ static void check_against_jansson(const jsonptr *p, const char *doc,
 				  const char *v, size_t vlen)
 {
 	json_error_t e;
+	/* jansson skips a NUL after a number; the proxy refuses any body
+	 * with a NUL before either reads it (keyparts.c), so only NUL-free
+	 * documents are compared. */
+	if (memchr(doc, '\0', n))
+		return;
 	json_t *j = json_loadb(doc, n, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES |
 					       JSON_DECODE_INT_AS_REAL,
 			       &e);
