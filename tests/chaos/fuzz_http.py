@@ -221,6 +221,8 @@ class Fuzzer:
     @staticmethod
     def byte_level(rng, raw):
         for _ in range(rng.randint(1, 3)):
+            if not raw:  # truncated to nothing: nothing left to mutate
+                break
             op = rng.choice(["flip", "insert", "insert", "truncate", "delete"])
             head_end = raw.find(b"\r\n\r\n")
             limit = head_end if head_end > 0 and rng.random() < 0.8 else len(raw)
