@@ -351,6 +351,27 @@ static bool name_is(const char *s, size_t a, size_t b, const char *tok)
 	return eq;
 }
 
+/* Past the value at s[*i] and the ',' after it, to the next member or
+ * element of a container that ends with close: true, or false with *end
+ * saying whether the container ended (absent) or is malformed. */
+static bool next_item(const char *s, size_t len, size_t *i, char close,
+		      enum jsonptr_found *end)
+{
+	*end = JSONPTR_MALFORMED;
+	if (skip_value(s, len, i) < 0)
+		return false;
+	skip_ws(s, len, i);
+	if (*i < len && s[*i] == close) {
+		*end = JSONPTR_ABSENT;
+		return false;
+	}
+	if (*i >= len || s[*i] != ',')
+		return false;
+	(*i)++;
+	skip_ws(s, len, i);
+	return true;
+}
+
 /* From the '{' at s[*i] to the value of member tok. */
 static enum jsonptr_found member(const char *s, size_t len, size_t *i,
 				 const char *tok)
@@ -371,15 +392,9 @@ static enum jsonptr_found member(const char *s, size_t len, size_t *i,
 		skip_ws(s, len, i);
 		if (name_is(s, a, b, tok))
 			return JSONPTR_FOUND;
-		if (skip_value(s, len, i) < 0)
-			return JSONPTR_MALFORMED;
-		skip_ws(s, len, i);
-		if (*i < len && s[*i] == '}')
-			return JSONPTR_ABSENT;
-		if (*i >= len || s[*i] != ',')
-			return JSONPTR_MALFORMED;
-		(*i)++;
-		skip_ws(s, len, i);
+		enum jsonptr_found end;
+		if (!next_item(s, len, i, '}', &end))
+			return end;
 	}
 	return JSONPTR_MALFORMED;
 }
@@ -398,15 +413,9 @@ static enum jsonptr_found element(const char *s, size_t len, size_t *i,
 	for (size_t k = 0; *i < len; k++) {
 		if (k == want)
 			return JSONPTR_FOUND;
-		if (skip_value(s, len, i) < 0)
-			return JSONPTR_MALFORMED;
-		skip_ws(s, len, i);
-		if (*i < len && s[*i] == ']')
-			return JSONPTR_ABSENT;
-		if (*i >= len || s[*i] != ',')
-			return JSONPTR_MALFORMED;
-		(*i)++;
-		skip_ws(s, len, i);
+		enum jsonptr_found end;
+		if (!next_item(s, len, i, ']', &end))
+			return end;
 	}
 	return JSONPTR_MALFORMED;
 }
