@@ -1,22 +1,32 @@
 #include "worker.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
 #include "busy.h"
 
-/* Idle workers wait on their own condition variable, on a stack: the one
- * that went idle last is woken first. At low load the same few threads do
- * all the work, with warm caches and warm database backends; under load
- * every thread is busy anyway.
+/* Idle workers wait on their own semaphore, on a stack: the one that went
+ * idle last is woken first. At low load the same few threads do all the
+ * work, with warm caches and warm database backends; under load every
+ * thread is busy anyway.
+ *
+ * A request for an idle worker is handed to it directly (slot->item) and
+ * its semaphore posted after the pool's lock is released: the woken thread
+ * starts on the request without taking the lock again, so it never wakes
+ * only to sleep on the lock its waker still holds (a condition variable
+ * signalled under the lock costs that second sleep and wake-up whenever
+ * the waker is still inside).
  *
  * With busy polling on (busy.h), a worker that finds nothing to do while no
  * other request is with a worker polls the queue for a while before it
  * sleeps: at most one such spinner at a time, and the first request queued
  * meanwhile is left to it, without a wake-up. */
 typedef struct slot {
-	pthread_cond_t cv;
+	sem_t wake;
+	void *item; /* handed over by submit, NULL to stop */
 	bool idle;
 } slot;
 
@@ -67,6 +77,47 @@ static void spin_for_work(worker_pool *p)
 	p->spinner = false;
 }
 
+static void sem_wait_all(sem_t *sem)
+{
+	while (sem_wait(sem) && errno == EINTR)
+		;
+}
+
+/* The next request for the calling worker, NULL when the pool stops: from
+ * the queue, or else handed over while it sleeps. Called with the lock held,
+ * returns without it. */
+static void *next_item(worker_pool *p, slot *me)
+{
+	for (;;) {
+		if (p->count == 0 && !p->stopping)
+			spin_for_work(p);
+		if (p->count > 0) {
+			void *item = p->ring[p->head];
+			p->head = (p->head + 1) % p->cap;
+			p->count--;
+			p->active++;
+			pthread_mutex_unlock(&p->mu);
+			return item;
+		}
+		if (p->stopping) {
+			pthread_mutex_unlock(&p->mu);
+			return NULL; /* and the queue is drained */
+		}
+		p->idle[p->nidle++] = me;
+		me->idle = true;
+		me->item = NULL;
+		pthread_mutex_unlock(&p->mu);
+		sem_wait_all(&me->wake);
+		/* submit popped this slot and counted the item active; stop
+		 * posts none. */
+		if (me->item)
+			return me->item;
+		pthread_mutex_lock(&p->mu);
+		if (me->idle)
+			unidle(p, me);
+	}
+}
+
 static void *worker_main(void *arg)
 {
 	worker_pool *p = arg;
@@ -77,26 +128,8 @@ static void *worker_main(void *arg)
 	void *ctx = p->ops.init(p->ops.arg, index);
 
 	pthread_mutex_lock(&p->mu);
-	for (;;) {
-		if (p->count == 0 && !p->stopping)
-			spin_for_work(p);
-		while (p->count == 0 && !p->stopping) {
-			if (!me->idle) {
-				p->idle[p->nidle++] = me;
-				me->idle = true;
-			}
-			pthread_cond_wait(&me->cv, &p->mu);
-		}
-		if (me->idle)
-			unidle(p, me);
-		if (p->count == 0)
-			break; /* stopping, and the queue is drained */
-		void *item = p->ring[p->head];
-		p->head = (p->head + 1) % p->cap;
-		p->count--;
-		p->active++;
-		pthread_mutex_unlock(&p->mu);
-
+	void *item;
+	while ((item = next_item(p, me))) {
 		busy_request_begin();
 		p->ops.handle(ctx, item);
 		busy_request_end();
@@ -104,7 +137,6 @@ static void *worker_main(void *arg)
 		pthread_mutex_lock(&p->mu);
 		p->active--;
 	}
-	pthread_mutex_unlock(&p->mu);
 	p->ops.fini(ctx);
 	return NULL;
 }
@@ -123,7 +155,7 @@ worker_pool *worker_pool_start(int threads, int queue_size,
 	p->slots = xcalloc((size_t)threads, sizeof *p->slots);
 	p->idle = xcalloc((size_t)threads, sizeof *p->idle);
 	for (int i = 0; i < threads; i++)
-		pthread_cond_init(&p->slots[i].cv, NULL);
+		IP_ASSERT(sem_init(&p->slots[i].wake, 0, 0) == 0);
 	for (int i = 0; i < threads; i++)
 		IP_ASSERT(pthread_create(&p->threads[i], NULL, worker_main,
 					 p) == 0);
@@ -139,15 +171,21 @@ bool worker_pool_submit(worker_pool *p, void *item)
 		pthread_mutex_unlock(&p->mu);
 		return false;
 	}
-	p->ring[(p->head + p->count) % p->cap] = item;
-	p->count++;
-	/* A spinner takes the first waiting request itself. */
-	if (p->nidle > 0 && (!p->spinner || p->count > 1)) {
-		slot *s = p->idle[--p->nidle];
+	/* A spinner takes the first waiting request itself; otherwise the
+	 * idle worker on top of the stack gets it directly. */
+	slot *s = NULL;
+	if (p->nidle > 0 && (!p->spinner || p->count > 0)) {
+		s = p->idle[--p->nidle];
 		s->idle = false;
-		pthread_cond_signal(&s->cv);
+		s->item = item;
+		p->active++;
+	} else {
+		p->ring[(p->head + p->count) % p->cap] = item;
+		p->count++;
 	}
 	pthread_mutex_unlock(&p->mu);
+	if (s)
+		sem_post(&s->wake);
 	return true;
 }
 
@@ -185,13 +223,16 @@ void worker_pool_stop(worker_pool *p)
 		return;
 	pthread_mutex_lock(&p->mu);
 	p->stopping = true;
-	for (int i = 0; i < p->nthreads; i++)
-		pthread_cond_signal(&p->slots[i].cv);
+	while (p->nidle > 0) {
+		slot *s = p->idle[--p->nidle];
+		s->idle = false;
+		sem_post(&s->wake);
+	}
 	pthread_mutex_unlock(&p->mu);
 	for (int i = 0; i < p->nthreads; i++)
 		pthread_join(p->threads[i], NULL);
 	for (int i = 0; i < p->nthreads; i++)
-		pthread_cond_destroy(&p->slots[i].cv);
+		sem_destroy(&p->slots[i].wake);
 	free(p->slots);
 	free(p->idle);
 	free(p->threads);
