@@ -160,6 +160,24 @@ static const stmt_def stmts[] = {
 	{"wait_notify", 1,
 	 {OID_TEXT},
 	 "SELECT pg_notify('" STORE_WAIT_CHANNEL "', $1)"},
+	/* A fresh key on a plain store: idem_claim's first step as a plain
+	 * statement, the same parameters and the same row as the function
+	 * returns for it. No row: the key exists, and idem_claim decides (a
+	 * second round trip, for repeats only). Saves the PL/pgSQL call on
+	 * every first attempt. On Citus the function call alone, delegated
+	 * to the tenant's worker, stays one round trip. */
+	{"claim_new", 8,
+	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
+	  OID_UUID},
+	 "INSERT INTO idempotency_records (tenant, operation, idem_key, "
+	 "request_hash, state, owner_token, attempt, lease_until, "
+	 "hold_on_unknown, created_at, updated_at, expires_at) "
+	 "VALUES ($1, $2, $3, $4, 'processing', $8, 1, "
+	 "now() + $5 * interval '1 millisecond', $7, now(), now(), "
+	 "now() + greatest($6, $5) * interval '1 millisecond') "
+	 "ON CONFLICT DO NOTHING RETURNING 'forward'::text, owner_token, "
+	 "attempt, $5, NULL::int4, NULL::bytea, NULL::bytea, NULL::bool, "
+	 "greatest($6, $5)"},
 };
 
 enum {
@@ -173,7 +191,8 @@ enum {
 	ST_PER_SHARD,
 	ST_STATS_ALL,
 	ST_WAIT_MARK,
-	ST_WAIT_NOTIFY
+	ST_WAIT_NOTIFY,
+	ST_CLAIM_NEW
 };
 
 /* The reaper's statements as run on each shard (%1$s, formatted by
@@ -382,10 +401,24 @@ static int claim_once(store *s, const claim_req *req, claim_result *out,
 			       (const char *)req->owner};
 	int lens[8] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN};
 	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
-	PGresult *r = run(s, ST_CLAIM, vals, lens, fmts, 1);
-	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
-		PQclear(r);
-		return -1;
+	PGresult *r = NULL;
+	if (!s->citus) {
+		r = run(s, ST_CLAIM_NEW, vals, lens, fmts, 1);
+		if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
+			PQclear(r);
+			return -1;
+		}
+		if (PQntuples(r) == 0) {
+			PQclear(r);
+			r = NULL;
+		}
+	}
+	if (!r) {
+		r = run(s, ST_CLAIM, vals, lens, fmts, 1);
+		if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
+			PQclear(r);
+			return -1;
+		}
 	}
 	if (PQntuples(r) != 1) {
 		snprintf(err, errlen, "claim: %d rows", PQntuples(r));

@@ -163,7 +163,9 @@ def test_claim_repeated_after_its_answer_was_lost_is_the_same_attempt(
         warm = new_key("warm")
         assert pay(proxy, warm).status_code == 201
         key = new_key("lost-answer")
-        relay.arm("claim")
+        # A fresh key's claim is the claim_new insert (a key that exists
+        # then goes through idem_claim, which finds its own token).
+        relay.arm("claim_new")
         r = pay(proxy, key)
         assert relay.tripped == 1, "the relay did not lose the claim's answer"
         assert r.status_code == 201 and not is_replay(r), r.content
@@ -189,7 +191,13 @@ FAILURES = {
 
 
 def break_idem_claim(pg, body):
-    """Replaces idem_claim (whatever its arguments) with one that runs body."""
+    """Makes every claim run body: idem_claim (whatever its arguments) is
+    replaced, and a trigger runs it before any insert of a record (a fresh
+    key's claim is a plain insert)."""
+    pg.execute("CREATE FUNCTION break_claim() RETURNS trigger LANGUAGE plpgsql "
+               "AS $f$ BEGIN %s RETURN NEW; END $f$" % body)
+    pg.execute("CREATE TRIGGER break_claim BEFORE INSERT ON idempotency_records "
+               "FOR EACH ROW EXECUTE FUNCTION break_claim()")
     rows = pg.query("SELECT pg_get_function_identity_arguments(oid) AS args, "
                     "pg_get_function_result(oid) AS result FROM pg_proc "
                     "WHERE proname = 'idem_claim'")
@@ -249,3 +257,30 @@ def test_migration_002_converts_existing_records(make_proxy, stub, pg):
     assert len(got) == 1 and got[0]["o_decision"] == "replay", got
     assert bytes(got[0]["o_headers"]) == bytes(rec_headers)
     assert stub.count() == 0
+
+
+# --- a fresh key's claim is one plain insert ------------------------------------
+
+@pytest.mark.no_replay_cache
+def test_fresh_key_is_claimed_without_calling_idem_claim(make_proxy, stub, pg):
+    """A first attempt's claim is the claim_new insert; idem_claim runs only
+    for a key that exists (here: a repeat, replayed from the store)."""
+    pg.execute("ALTER DATABASE %s SET track_functions = 'pl'" % pg.name)
+    proxy = make_proxy(top={"workers": 1})
+    keys = [new_key("fresh%d" % i) for i in range(4)]
+    for key in keys:
+        r = pay(proxy, key)
+        assert r.status_code == 201 and not is_replay(r)
+    again = pay(proxy, keys[0])
+    assert again.status_code == 201 and is_replay(again)
+    assert [stub.count(key=k) for k in keys] == [1, 1, 1, 1]
+
+    def calls():
+        pg.execute("SELECT pg_stat_clear_snapshot()")
+        return pg.query("SELECT coalesce(sum(calls), 0)::int AS n FROM "
+                        "pg_stat_user_functions WHERE funcname = 'idem_claim'")[0]["n"]
+
+    # The one backend reports its function calls together, at a
+    # transaction's end or when it has been idle a while.
+    wait_until(lambda: calls() >= 1, what="idem_claim's call statistics", timeout=30)
+    assert calls() == 1, "fresh keys went through idem_claim"
