@@ -141,7 +141,9 @@ static void flusher_start(void)
  * the order holds) when `now` or when there is no flush interval. */
 static void put(const char *s, size_t n, bool now)
 {
-	if (!now && atomic_load_explicit(&g_flush_ms, memory_order_relaxed) > 0) {
+	if (atomic_load_explicit(&g_flush_ms, memory_order_relaxed) == 0) {
+		now = true;
+	} else if (!now) {
 		pthread_once(&flusher_once, flusher_start);
 		now = !atomic_load(&flusher_up);
 	}
