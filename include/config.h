@@ -87,6 +87,7 @@ typedef struct config {
 	int64_t request_body_timeout_ms; /* from the head to the whole body */
 	int64_t busy_poll_ms; /* 0 = off; see busy.h */
 	enum log_level log_level;
+	int64_t log_flush_ms; /* 0 = every line written at once; see log.h */
 	bool log_json;
 
 	char *db_url;

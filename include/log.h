@@ -1,4 +1,9 @@
-/* Level-filtered logging to stderr, as JSON lines or text. */
+/* Level-filtered logging to stderr, as JSON lines or text. Info and debug
+ * lines (the per-request lines among them) are buffered and written in
+ * large writes, log_flush_interval after the first of them or when 64 KiB
+ * are waiting; a warning or an error is written at once, after what is
+ * buffered. What is buffered at exit() or a return from main is written
+ * (atexit); call log_flush before _exit. */
 #ifndef IDEMPROXY_LOG_H
 #define IDEMPROXY_LOG_H
 
@@ -6,7 +11,12 @@
 
 #include "config.h"
 
-void log_setup(enum log_level level, bool json);
+#define LOG_FLUSH_MS_DEFAULT 100
+
+/* flush_ms 0: every line is written at once. */
+void log_setup(enum log_level level, bool json, int64_t flush_ms);
+/* Writes what is buffered; returns when it is written. */
+void log_flush(void);
 bool log_enabled(enum log_level level);
 
 /* A free-form event line: msg plus optional "k=v" pairs rendered as fields. */

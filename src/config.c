@@ -1017,6 +1017,9 @@ static const cfg_opt cfg_top[] = {
 	 .off = C_(log_level), .choices = cfg_log_levels, .reload = CFG_APPLY},
 	{.name = "log_format", .conv = cfg_conv_flag, .def = "\"json\"",
 	 .off = C_(log_json), .choices = cfg_log_formats, .reload = CFG_APPLY},
+	{.name = "log_flush_interval", .conv = cfg_conv_duration,
+	 .def = "\"100ms\"", .min = 0, .max = 60000,
+	 .off = C_(log_flush_ms), .reload = CFG_APPLY},
 };
 
 static const cfg_opt cfg_database[] = {

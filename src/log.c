@@ -1,25 +1,190 @@
 #include "log.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Set again on reload while other threads log: atomic, relaxed (a line
  * logged at the old level or format during a reload is fine). */
 static _Atomic int g_level = LOG_INFO;
 static atomic_bool g_json = true;
+static _Atomic int64_t g_flush_ms = LOG_FLUSH_MS_DEFAULT;
 
 static const char *level_names[] = {"error", "warn", "info", "debug"};
 
-void log_setup(enum log_level level, bool json)
+/* The buffer. Info and debug lines are appended to `fill` under fill_mu,
+ * a memcpy; the write(2)s are made under out_mu, which swaps the halves
+ * (taking fill_mu for the swap only), so a thread appending waits for a
+ * write only when the half it appends to is full while the other one is
+ * still being written. out_mu is always taken before fill_mu. Every write
+ * is of whole lines, so lines from different threads never interleave. */
+#define LOG_BUF_SIZE (64 * 1024)
+
+static pthread_mutex_t fill_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fill_cv; /* monotonic; set up by flusher_start */
+static char halves[2][LOG_BUF_SIZE];
+static char *fill = halves[0];	/* under fill_mu */
+static size_t fill_len;		/* under fill_mu */
+static char *spare = halves[1]; /* under out_mu */
+static pthread_once_t flusher_once = PTHREAD_ONCE_INIT;
+static atomic_bool flusher_up;
+
+/* A failed write (stderr closed, EPIPE) drops what it held: there is
+ * nowhere else to put it. */
+static void write_all(const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(STDERR_FILENO, p, n);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return;
+		}
+		p += w;
+		n -= (size_t)w;
+	}
+}
+
+/* With out_mu held. */
+static void flush_out(void)
+{
+	pthread_mutex_lock(&fill_mu);
+	char *full = fill;
+	size_t n = fill_len;
+	fill = spare;
+	fill_len = 0;
+	pthread_mutex_unlock(&fill_mu);
+	spare = full;
+	write_all(full, n);
+}
+
+void log_flush(void)
+{
+	pthread_mutex_lock(&out_mu);
+	flush_out();
+	pthread_mutex_unlock(&out_mu);
+}
+
+static void deadline_after(struct timespec *t, int64_t ms)
+{
+	t->tv_sec += ms / 1000;
+	t->tv_nsec += (ms % 1000) * 1000000;
+	if (t->tv_nsec >= 1000000000) {
+		t->tv_sec++;
+		t->tv_nsec -= 1000000000;
+	}
+}
+
+/* Sleeps while the buffer is empty (no wake-ups when idle); once a line
+ * is in it, writes it out log_flush_interval later. */
+static void *flusher(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&fill_mu);
+	for (;;) {
+		while (fill_len == 0)
+			pthread_cond_wait(&fill_cv, &fill_mu);
+		struct timespec t0;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (;;) {
+			/* Read again after each wake: a reload may shorten it. */
+			struct timespec until = t0;
+			deadline_after(&until, atomic_load_explicit(
+						       &g_flush_ms,
+						       memory_order_relaxed));
+			if (pthread_cond_timedwait(&fill_cv, &fill_mu,
+						   &until) == ETIMEDOUT ||
+			    fill_len == 0)
+				break;
+		}
+		pthread_mutex_unlock(&fill_mu);
+		log_flush();
+		pthread_mutex_lock(&fill_mu);
+	}
+	return NULL;
+}
+
+/* Once, at the first buffered line. The thread blocks every signal: a
+ * SIGTERM delivered to it would kill the process without the drain. The
+ * lines still buffered when the process exits are written by atexit. */
+static void flusher_start(void)
+{
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&fill_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t t;
+	bool up = pthread_create(&t, NULL, flusher, NULL) == 0;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!up)
+		return; /* then every line is written at once */
+	pthread_detach(t);
+	atexit(log_flush);
+	atomic_store(&flusher_up, true);
+}
+
+/* Appends one whole line; writes it at once (after what is buffered, so
+ * the order holds) when `now` or when there is no flush interval. */
+static void put(const char *s, size_t n, bool now)
+{
+	if (atomic_load_explicit(&g_flush_ms, memory_order_relaxed) == 0) {
+		now = true;
+	} else if (!now) {
+		pthread_once(&flusher_once, flusher_start);
+		now = !atomic_load(&flusher_up);
+	}
+	if (n > LOG_BUF_SIZE) {
+		pthread_mutex_lock(&out_mu);
+		flush_out();
+		write_all(s, n);
+		pthread_mutex_unlock(&out_mu);
+		return;
+	}
+	for (;;) {
+		pthread_mutex_lock(&fill_mu);
+		if (fill_len + n <= LOG_BUF_SIZE) {
+			bool first = fill_len == 0;
+			memcpy(fill + fill_len, s, n);
+			fill_len += n;
+			pthread_mutex_unlock(&fill_mu);
+			if (now)
+				log_flush();
+			else if (first)
+				pthread_cond_signal(&fill_cv);
+			return;
+		}
+		pthread_mutex_unlock(&fill_mu);
+		log_flush(); /* full: write it, then append to the empty half */
+	}
+}
+
+void log_setup(enum log_level level, bool json, int64_t flush_ms)
 {
 	atomic_store_explicit(&g_level, (int)level, memory_order_relaxed);
 	atomic_store_explicit(&g_json, json, memory_order_relaxed);
+	atomic_store_explicit(&g_flush_ms, flush_ms, memory_order_relaxed);
+	if (atomic_load(&flusher_up)) {
+		/* A shorter interval applies to the lines already waiting. */
+		pthread_mutex_lock(&fill_mu);
+		pthread_cond_signal(&fill_cv);
+		pthread_mutex_unlock(&fill_mu);
+	}
+	if (flush_ms == 0)
+		log_flush();
 }
 
 bool log_enabled(enum log_level level)
@@ -38,22 +203,32 @@ static void timestamp(char *out, size_t n)
 	snprintf(out + k, n - k, ".%03dZ", (int)(tv.tv_usec / 1000));
 }
 
-/* One write(2)-sized fputs per line keeps lines from different threads whole. */
-static void emit(json_t *obj, const char *text)
+#define DUMP_FLAGS (JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10))
+
+/* Warnings and errors are written at once; the rest is buffered. A line
+ * that fits is formatted on the stack (no allocation per line). */
+static void emit(enum log_level level, json_t *obj, const char *text)
 {
-	if (atomic_load_explicit(&g_json, memory_order_relaxed)) {
-		char *s = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER |
-					   JSON_REAL_PRECISION(10));
-		if (s) {
-			size_t n = strlen(s);
-			s[n] = '\n';
-			fwrite(s, 1, n + 1, stderr);
-			free(s);
-		}
-	} else {
-		fputs(text, stderr);
+	bool now = level <= LOG_WARN;
+	if (!atomic_load_explicit(&g_json, memory_order_relaxed)) {
+		put(text, strlen(text), now);
+		return;
 	}
-	fflush(stderr);
+	char line[2048];
+	size_t n = json_dumpb(obj, line, sizeof line - 1, DUMP_FLAGS);
+	if (n == 0)
+		return;
+	if (n < sizeof line) {
+		line[n] = '\n';
+		put(line, n + 1, now);
+		return;
+	}
+	char *big = xmalloc(n + 1);
+	if (json_dumpb(obj, big, n, DUMP_FLAGS) == n) {
+		big[n] = '\n';
+		put(big, n + 1, now);
+	}
+	free(big);
 }
 
 static void set_str(json_t *o, const char *k, const char *v);
@@ -140,7 +315,7 @@ void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 		put_escaped(&text, fields);
 	}
 	ip_buf_puts(&text, "\n");
-	emit(o, text.data);
+	emit(level, o, text.data);
 	ip_buf_free(&text);
 	json_decref(o);
 }
@@ -209,7 +384,7 @@ void log_request_line(const log_request *r)
 			      r->upstream_ms, r->store_ms, r->total_ms);
 		ip_buf_free(&f);
 	}
-	emit(o, text.data);
+	emit(LOG_INFO, o, text.data);
 	ip_buf_free(&text);
 	json_decref(o);
 }

@@ -189,7 +189,7 @@ static int check_schema(config *cfg)
  * (the rest is read from each request's own reference). */
 static void apply_settings(const config *c)
 {
-	log_setup(c->log_level, c->log_json);
+	log_setup(c->log_level, c->log_json, c->log_flush_ms);
 	busy_set_budget_ms(c->busy_poll_ms);
 	replay_cache_resize(running.cache, (size_t)c->replay_cache_size);
 	worker_pool_set_queue_size(running.pool, c->queue_size);
@@ -333,7 +333,7 @@ static int serve(config *cfg)
 		log_warn("shutdown grace ended with requests in flight",
 			 "in_flight=%d records_pending=%d", left,
 			 record_retry_pending(retry));
-		fflush(stderr);
+		log_flush(); /* _exit runs no atexit handler */
 		_exit(0);
 	}
 	http_front_stop(front);
@@ -347,6 +347,7 @@ static int serve(config *cfg)
 	record_retry_stop(retry, deadline);
 	replay_cache_free(cache);
 	log_info("stopped", NULL);
+	log_flush();
 	pthread_mutex_lock(&cfg_mu);
 	config_unref(cfg_current);
 	cfg_current = NULL;
@@ -443,6 +444,6 @@ int main(int argc, char **argv)
 		config_unref(cfg);
 		return rc;
 	}
-	log_setup(cfg->log_level, cfg->log_json);
+	log_setup(cfg->log_level, cfg->log_json, cfg->log_flush_ms);
 	return serve(cfg);
 }

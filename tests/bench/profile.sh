@@ -16,7 +16,8 @@
 # replay phase the costliest functions by self cost (cg_top.py) and by
 # inclusive cost (callgrind_annotate)), build-bench/callgrind/ (the dumps).
 # Environment: BENCH_PROFILE_N (default 2000), BENCH_PROFILE_IDLE_S
-# (default 3), BENCH_PROFILE_WORKERS (default 2).
+# (default 3), BENCH_PROFILE_WORKERS (default 2), BENCH_PROFILE_LOG_LEVEL
+# (default warn; info adds the request log's cost: log_request_line).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -26,6 +27,7 @@ BIN=${BENCH_BIN:-$OUT/bin}
 N=${BENCH_PROFILE_N:-2000}
 IDLE_S=${BENCH_PROFILE_IDLE_S:-3}
 WORKERS=${BENCH_PROFILE_WORKERS:-2}
+LOG_LEVEL=${BENCH_PROFILE_LOG_LEVEL:-warn}
 PYTHON=/usr/bin/python3
 [ -x "$PYTHON" ] || PYTHON=python3
 HERE=tests/bench
@@ -107,7 +109,7 @@ main() {
 	note "idemproxy under callgrind, $WORKERS workers; $N forwards, then $N replays"
 	# Uncompressed names: each dump must name its functions itself for
 	# callgrind_annotate to read it alone.
-	PROXY_WAIT_TENTHS=600 start_proxy warn valgrind --tool=callgrind \
+	PROXY_WAIT_TENTHS=600 start_proxy "$LOG_LEVEL" valgrind --tool=callgrind \
 		--compress-strings=no --compress-pos=no \
 		--callgrind-out-file="$ROOT/$CG/callgrind.out" --log-file="$ROOT/$LOGS/valgrind.log"
 	dump startup
@@ -148,7 +150,7 @@ main() {
 	rep_ms=$("$PYTHON" "$HERE/cg_top.py" "$CG/callgrind.out.4" --self __memset)
 	{
 		echo "idemproxy instructions per request (callgrind, $N requests per phase,"
-		echo "sequential, one keep-alive connection, $WORKERS workers, log_level warn)"
+		echo "sequential, one keep-alive connection, $WORKERS workers, log_level $LOG_LEVEL)"
 		echo
 		printf '%-10s %14s %10s %16s\n' phase "Ir" seconds "Ir per request"
 		printf '%-10s %14s %10.2f %16s\n' startup "$(total_ir "$CG/callgrind.out.1")" 0 -

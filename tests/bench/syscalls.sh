@@ -14,6 +14,10 @@
 #   2. under `strace -c -f -p`, for the calls by name (strace stops the
 #      proxy at every call, so its timing is not the proxy's; its counts
 #      are).
+# Then the proxy is restarted with log_level info (a line per request, the
+# default) and the same phases run under strace -c -f once more: their
+# write(2) calls per request are what the request log costs in system
+# calls (log_flush_interval, README "Logs").
 # Each count is the phase's minus what the idle proxy does in as many
 # seconds (measured the same way first), divided by N.
 #
@@ -168,13 +172,23 @@ main() {
 	stop_pid "$PROXY_PID"
 	PROXY_PID=""
 
+	start_proxy info
+	note "log_level info: strace -c -f, for the request log's write(2) calls"
+	"$PYTHON" "$HERE/client.py" "$PROXY_PORT" forward 500 "$TAG-warm-info" "$CONNS" ||
+		die "the warm-up failed"
+	for c in 1 "$CONNS"; do
+		traced "info-c$c-strace" "$c"
+	done
+	stop_pid "$PROXY_PID"
+	PROXY_PID=""
+
 	local stats
 	stats=$(stub_ctl GET stats)
 	note "upstream saw $stats"
 	[ "$(sed -n 's/.*"duplicated_keys":\([0-9]*\).*/\1/p' <<<"$stats")" = 0 ] ||
 		die "a key reached the upstream twice: $stats"
-	[ "$(sed -n 's/.*"keys":\([0-9]*\).*/\1/p' <<<"$stats")" = $((500 + 4 * N)) ] ||
-		die "the upstream did not see each of the $((500 + 4 * N)) keys: $stats"
+	[ "$(sed -n 's/.*"keys":\([0-9]*\).*/\1/p' <<<"$stats")" = $((1000 + 6 * N)) ] ||
+		die "the upstream did not see each of the $((1000 + 6 * N)) keys: $stats"
 
 	"$PYTHON" - "$TMP" "$N" "$CONNS" "$WORKERS" >"$REPORT" <<'EOF'
 import os
@@ -239,6 +253,18 @@ for v16, v1, name in sorted(lines, reverse=True):
     if abs(v1) >= 0.05 or abs(v16) >= 0.05:
         print("%-24s %12.2f %12.2f" % (name, v1, v16))
 print("%-24s %12.2f %12.2f" % ("total", total[cols[0]], total[cols[1]]))
+print()
+info = {c: load("info-c%s-strace" % c) for c in cols}
+print("log_level info (a line per request): strace -c -f, per request")
+print("%-24s %12s %12s" % ("syscall", "1 conn", conns + " conns"))
+v = [per_request(info[c], it, "write") for c in cols]
+print("%-24s %12.3f %12.3f" % ("write", v[0], v[1]))
+v = [per_request(info[c], it, "write") - per_request(traced[c], it, "write")
+     for c in cols]
+print("%-24s %12.3f %12.3f" % ("  minus warn's: the log", v[0], v[1]))
+v = [sum(per_request(info[c], it, k) for k in info[c] if k not in ("seconds", "total"))
+     for c in cols]
+print("%-24s %12.2f %12.2f" % ("total", v[0], v[1]))
 EOF
 	cat "$REPORT"
 	note "written to $REPORT"

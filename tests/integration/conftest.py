@@ -426,6 +426,10 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
             "workers": 4,
             "shutdown_grace": "3s",
             "log_level": "info",
+            # Tests read request lines right after the request: each line
+            # is written at once. test_access_log.py covers the buffered
+            # default (100ms) and sets the interval itself.
+            "log_flush_interval": "0s",
             "database": {"url": pg.url},
             "reaper": {"interval": "10m"},
         }
