@@ -147,13 +147,18 @@ static const stmt_def stmts[] = {
 	 "WHERE state = 'processing'"},
 	/* A waiter marks the record it waits for; the row comes back only
 	 * while its attempt is alive, so a record that changed first is seen
-	 * at once (the UPDATE reads the newest version under the row lock). */
+	 * at once (the UPDATE reads the newest version under the row lock).
+	 * The lease left is counted outside the UPDATE: Citus refuses now()
+	 * (not immutable) in the RETURNING of a distributed UPDATE, and with
+	 * the UPDATE in a CTE it is still one task on the tenant's worker. */
 	{"wait_mark", 3,
 	 {OID_TEXT, OID_TEXT, OID_TEXT},
-	 "UPDATE idempotency_records SET wait_notify = true "
+	 "WITH u AS (UPDATE idempotency_records SET wait_notify = true "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND state = 'processing' AND lease_until > now() "
-	 "RETURNING ceil(extract(epoch FROM lease_until - now()) * 1000)::int8"},
+	 "RETURNING lease_until) "
+	 "SELECT ceil(extract(epoch FROM lease_until - now()) * 1000)::int8 "
+	 "FROM u"},
 	/* No table: it runs in this session on the node the proxy talks to,
 	 * where the instances LISTEN (a distributed PostgreSQL runs functions
 	 * on the node holding a shard, and NOTIFY is per node). */

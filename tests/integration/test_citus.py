@@ -6,12 +6,15 @@ the conversion of a store migrated plain.
 Collected only under `make test-citus` (IDEMPROXY_TEST_CITUS=1), where the
 session's cluster is a coordinator and two workers (citus_cluster.py).
 """
+import threading
+
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
 from conftest import run_binary
 from helpers import assert_problem, is_replay, new_key, wait_until
+from store_support import metrics
 
 HOOKS = "/hooks/charge"
 
@@ -283,3 +286,44 @@ def test_reaper_releases_and_purges_on_every_shard(make_proxy, stub, pg, pg_clus
         rows = shard_rows(pg_cluster, pg, t)
         assert sorted(r["idem_key"] for r in rows) == sorted("dead-%d" % g for g in range(1, 11))
         assert {r["state"] for r in rows} == {"released"}
+
+
+@pytest.mark.no_replay_cache  # the waiter's answer comes from the store
+def test_a_waiter_is_woken_by_a_completion_through_another_proxy(make_proxy, stub, pg,
+                                                                pg_cluster):
+    # The waiter marks the record on the tenant's worker; the completion
+    # through the other proxy reads the mark there and sends the NOTIFY from
+    # its coordinator session, where the waiter's instance LISTENs.
+    wait = {"hooks": {"in_flight": "wait", "wait_max": "30s", "lease": "60s"}}
+    a = make_proxy(route_overrides=wait)
+    b = make_proxy(route_overrides=wait)
+    tenant = tenants_on_each_worker(pg, pg_cluster)[pg_cluster.workers[1].port]
+    key = new_key("wake")
+    stub.configure({"prefix": HOOKS, "key": key, "gate": "orig", "times": 1}, append=True)
+    results = {}
+
+    def send(name, proxy):
+        results[name] = proxy.post(HOOKS, key=key, json={"amount": 100},
+                                   headers={"X-Tenant-Id": tenant}, timeout=60)
+    orig = threading.Thread(target=send, args=("orig", a))
+    orig.start()
+    stub.wait_for(1, key=key)
+    dup = threading.Thread(target=send, args=("dup", b))
+    dup.start()
+    wait_until(lambda: metrics(b).get("idemproxy_waiters", 0) == 1, timeout=30,
+               what="the duplicate waiting on the other proxy")
+    assert on_node(node_by_port(pg_cluster, worker_port(pg, tenant)), pg.name,
+                   "SELECT wait_notify FROM idempotency_records_%d WHERE tenant = %%s "
+                   "AND idem_key = %%s" % shard_of(pg, tenant),
+                   (stored(tenant), key)) == [{"wait_notify": True}]
+    stub.release("orig")
+    orig.join(70)
+    dup.join(70)
+    first, second = results["orig"], results["dup"]
+    assert first.status_code == 201 and not is_replay(first)
+    assert second.status_code == 201 and is_replay(second), second.text
+    assert second.content == first.content
+    assert stub.count(key=key) == 1
+    assert metrics(b).get('idemproxy_wait_outcomes_total{route="hooks",outcome="replayed"}',
+                          0) == 1
+
