@@ -39,7 +39,7 @@ citus_cleanup() {
 	set +e
 	stop_pid "$WRK_PID" INT
 	stop_pid "$PGB_PID" INT
-	stop_pid "$PROXY_PID"
+	stop_pid "$PLAIN_PROXY_PID"
 	stop_pid "$CITUS_PROXY_PID"
 	stop_pid "$STUB_PID"
 	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
@@ -123,7 +123,7 @@ citus_main() {
 	mkdir -p "$LOGS" "$DATA"
 	TMP=$(mktemp -d /tmp/idemproxy-bench-citus.XXXXXX)
 	chmod 755 "$TMP"
-	CITUS_PROXY_PID=""
+	PLAIN_PROXY_PID="" CITUS_PROXY_PID=""
 	trap citus_cleanup EXIT
 	trap 'exit 130' INT
 	trap 'exit 143' TERM
