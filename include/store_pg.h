@@ -133,7 +133,10 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen) IP_WUR;
 /* Processing rows and the oldest one's age, from since and held as the
- * walk left them; held keeps the rows still held. */
+ * walk left them; held keeps the rows still held.
+ * On a distributed store (store_set_distributed) both walk every shard
+ * from its own place: held is then the map of each shard's since and held
+ * rows (JSON, empty at first), and since is not used. */
 int store_processing_stats(store *s, const char *since, ip_buf *held,
 			   int64_t *count, double *oldest_age_s, char *err,
 			   size_t errlen) IP_WUR;

@@ -8,6 +8,10 @@
 #                       under callgrind; build-bench/profile.txt
 #   make bench-syscalls system calls and context switches per fresh-key
 #                       request (perf stat, strace -c); build-bench/syscalls.txt
+#   make bench-citus    the store's rows on a plain PostgreSQL and on a Citus
+#                       coordinator with two workers on this machine, with
+#                       their ratios (needs citus.so); build-bench/citus.md.
+#                       `make bench BENCH_CITUS=1` runs it after the bench.
 #
 # The binaries are built in their own directory with fixed flags, so a bench
 # never measures whatever build/ happens to hold.
@@ -15,7 +19,9 @@
 BENCH_OUT := build-bench
 BENCH_BIN := $(BENCH_OUT)/bin
 
-.PHONY: bench bench-profile bench-syscalls bench-deps bench-build
+BENCH_CITUS ?=
+
+.PHONY: bench bench-profile bench-syscalls bench-deps bench-build bench-citus
 
 bench-deps:
 	@tests/bench/deps.sh
@@ -31,6 +37,11 @@ $(BUILD)/stub_upstream: tests/bench/stub_upstream.c $(BUILD)/util.o
 bench: bench-deps
 	@$(MAKE) --no-print-directory bench-build
 	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/run.sh
+	$(if $(BENCH_CITUS),@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/citus.sh)
+
+bench-citus: bench-deps
+	@$(MAKE) --no-print-directory bench-build
+	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/citus.sh
 
 bench-profile: bench-deps
 	@$(MAKE) --no-print-directory bench-build

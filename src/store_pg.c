@@ -138,22 +138,59 @@ static const stmt_def stmts[] = {
 	 "SELECT success, result, CASE WHEN success THEN "
 	 "split_part(result, ' ', 2)::int8 END AS n "
 	 "FROM run_command_on_shards('idempotency_records', $1)) r"},
-	/* On Citus: every shard, in parallel (the walk of the plain store
-	 * keeps its place in one index, not in each shard's). */
-	{"processing_stats_all", 0,
-	 {0},
-	 "SELECT count(*)::int8, coalesce(extract(epoch FROM now() - "
-	 "min(updated_at)), 0)::float8::text FROM idempotency_records "
-	 "WHERE state = 'processing'"},
+	/* On Citus, the walk of reap_leases and processing_stats per shard:
+	 * each shard keeps its own place in its lease_until index and its
+	 * held rows, in a map kept by the reaper ($2: {"shard": ["since",
+	 * "held tid[]"]}, returned updated). The per-shard command ($1) gets
+	 * them as literals (%2$L, %3$L: constants the shard's planner sees)
+	 * and answers "released|more|since|held|count|age"; the commands go
+	 * to the workers in parallel (as run_command_on_shards sends them).
+	 * A shard that failed keeps its place. Returns the rows released,
+	 * whether any shard walked a full batch, the processing count, the
+	 * oldest age, the failures, the shards, the first error and the map. */
+	{"shard_walk", 2,
+	 {OID_TEXT, OID_TEXT},
+	 "WITH m AS (SELECT coalesce(nullif($2, '')::jsonb, '{}') AS m), "
+	 "s AS (SELECT ds.shardid, shard_name(ds.logicalrelid, ds.shardid) "
+	 "AS name, min(p.nodename) AS node, min(p.nodeport) AS port "
+	 "FROM pg_dist_shard ds JOIN pg_dist_shard_placement p USING (shardid) "
+	 "WHERE ds.logicalrelid = 'idempotency_records'::regclass "
+	 "AND p.shardstate = 1 GROUP BY ds.shardid, ds.logicalrelid), "
+	 "c AS (SELECT array_agg(s.name ORDER BY s.shardid) AS names, "
+	 "array_agg(s.node ORDER BY s.shardid) AS nodes, "
+	 "array_agg(s.port ORDER BY s.shardid) AS ports, "
+	 "array_agg(format($1, s.name, "
+	 "coalesce(m.m -> s.name ->> 0, '-infinity'), "
+	 "coalesce(m.m -> s.name ->> 1, '{}')) ORDER BY s.shardid) AS cmds "
+	 "FROM s, m), "
+	 "r AS (SELECT c.names[w.o] AS name, w.success, w.result, "
+	 "string_to_array(w.result, '|') AS f FROM c, "
+	 "master_run_on_worker(c.nodes, c.ports, c.cmds, true) "
+	 "WITH ORDINALITY w(node_name, node_port, success, result, o)) "
+	 "SELECT coalesce(sum(f[1]::int8) FILTER (WHERE success), 0)::int8, "
+	 "coalesce(bool_or(f[2] = '1') FILTER (WHERE success), false), "
+	 "coalesce(sum(nullif(f[5], '')::int8) FILTER (WHERE success), 0)::int8, "
+	 "coalesce(max(nullif(f[6], '')::float8) FILTER (WHERE success), 0)"
+	 "::float8::text, count(*) FILTER (WHERE NOT success), count(*), "
+	 "min(result) FILTER (WHERE NOT success), "
+	 "coalesce(jsonb_object_agg(name, CASE WHEN success THEN "
+	 "jsonb_build_array(f[3], f[4]) ELSE (SELECT m.m -> name FROM m) END) "
+	 "FILTER (WHERE success OR (SELECT m.m ? name FROM m)), '{}')::text "
+	 "FROM r"},
 	/* A waiter marks the record it waits for; the row comes back only
 	 * while its attempt is alive, so a record that changed first is seen
-	 * at once (the UPDATE reads the newest version under the row lock). */
+	 * at once (the UPDATE reads the newest version under the row lock).
+	 * The lease left is counted outside the UPDATE: Citus refuses now()
+	 * (not immutable) in the RETURNING of a distributed UPDATE, and with
+	 * the UPDATE in a CTE it is still one task on the tenant's worker. */
 	{"wait_mark", 3,
 	 {OID_TEXT, OID_TEXT, OID_TEXT},
-	 "UPDATE idempotency_records SET wait_notify = true "
+	 "WITH u AS (UPDATE idempotency_records SET wait_notify = true "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND state = 'processing' AND lease_until > now() "
-	 "RETURNING ceil(extract(epoch FROM lease_until - now()) * 1000)::int8"},
+	 "RETURNING lease_until) "
+	 "SELECT ceil(extract(epoch FROM lease_until - now()) * 1000)::int8 "
+	 "FROM u"},
 	/* No table: it runs in this session on the node the proxy talks to,
 	 * where the instances LISTEN (a distributed PostgreSQL runs functions
 	 * on the node holding a shard, and NOTIFY is per node). */
@@ -189,21 +226,53 @@ enum {
 	ST_OWNED,
 	ST_STATS,
 	ST_PER_SHARD,
-	ST_STATS_ALL,
+	ST_SHARD_WALK,
 	ST_WAIT_MARK,
 	ST_WAIT_NOTIFY,
 	ST_CLAIM_NEW
 };
 
 /* The reaper's statements as run on each shard (%1$s, formatted by
- * run_command_on_shards; the batch size is formatted here). */
+ * run_command_on_shards or shard_walk with the shard; the batch size is
+ * formatted here). SHARD_REAP_SQL is reap_leases on one shard, from that
+ * shard's place (%2$L) and held rows (%3$L), answering in shard_walk's
+ * form; SHARD_STATS_SQL is processing_stats likewise (no batch: its
+ * percent signs are single). */
 #define SHARD_REAP_SQL \
-	"WITH due AS (SELECT tenant, operation, idem_key FROM %%1$s " \
-	"WHERE state = 'processing' AND lease_until <= now() " \
-	"AND NOT hold_on_unknown LIMIT %d FOR UPDATE SKIP LOCKED) " \
-	"UPDATE %%1$s t SET state = 'released', lease_until = NULL, " \
-	"updated_at = now() FROM due WHERE t.tenant = due.tenant " \
-	"AND t.operation = due.operation AND t.idem_key = due.idem_key"
+	"WITH walk AS (SELECT ctid, tenant, operation, idem_key, " \
+	"lease_until, state, hold_on_unknown FROM %%1$s " \
+	"WHERE lease_until >= %%2$L AND lease_until <= now() " \
+	"ORDER BY lease_until LIMIT %d), " \
+	"due AS (SELECT t.tenant, t.operation, t.idem_key FROM %%1$s t " \
+	"JOIN walk w ON t.tenant = w.tenant AND t.operation = w.operation " \
+	"AND t.idem_key = w.idem_key WHERE w.state = 'processing' " \
+	"AND NOT w.hold_on_unknown AND t.state = 'processing' " \
+	"AND t.lease_until <= now() AND NOT t.hold_on_unknown " \
+	"FOR UPDATE OF t SKIP LOCKED), " \
+	"done AS (UPDATE %%1$s t SET state = 'released', " \
+	"lease_until = NULL, updated_at = now() FROM due " \
+	"WHERE t.tenant = due.tenant AND t.operation = due.operation " \
+	"AND t.idem_key = due.idem_key RETURNING 1), " \
+	"x AS (SELECT (SELECT count(*) FROM done) AS n, " \
+	"(SELECT count(*) FROM walk) AS w, " \
+	"(SELECT max(lease_until) FROM walk) AS last) " \
+	"SELECT concat_ws('|', n, (w >= %d AND last IS DISTINCT FROM " \
+	"%%2$L::timestamptz)::int, coalesce(last, %%2$L::timestamptz), " \
+	"(SELECT array(SELECT DISTINCT h FROM unnest(%%3$L::tid[] || " \
+	"array(SELECT ctid FROM walk WHERE state = 'processing' " \
+	"AND hold_on_unknown)) h))::text, '', '') FROM x"
+#define SHARD_STATS_SQL \
+	"WITH live AS (SELECT updated_at FROM %1$s " \
+	"WHERE state = 'processing' AND lease_until >= %2$L), " \
+	"held AS (SELECT ctid, updated_at FROM %1$s " \
+	"WHERE ctid = ANY (%3$L::tid[]) AND state = 'processing' " \
+	"AND hold_on_unknown AND lease_until < %2$L) " \
+	"SELECT concat_ws('|', 0, 0, %2$L, " \
+	"(SELECT array(SELECT ctid FROM held))::text, " \
+	"(SELECT count(*) FROM live) + (SELECT count(*) FROM held), " \
+	"coalesce(extract(epoch FROM now() - least(" \
+	"(SELECT min(updated_at) FROM live), " \
+	"(SELECT min(updated_at) FROM held))), 0))"
 #define SHARD_PURGE_SQL \
 	"WITH doomed AS (SELECT tenant, operation, idem_key FROM %%1$s " \
 	"WHERE expires_at <= now() " \
@@ -291,7 +360,7 @@ int store_ensure(store *s, char *err, size_t errlen)
 		return 0;
 	for (size_t i = 0; i < sizeof stmts / sizeof stmts[0]; i++) {
 		/* run_command_on_shards exists only with Citus. */
-		if (i == ST_PER_SHARD && !s->citus)
+		if ((i == ST_PER_SHARD || i == ST_SHARD_WALK) && !s->citus)
 			continue;
 		PGresult *r = PQprepare(s->link.conn, stmts[i].name,
 					stmts[i].sql, stmts[i].nparams,
@@ -630,18 +699,17 @@ static int batch_stmt(store *s, int st, int batch, int *n, char *err,
 	return rc;
 }
 
-/* One batch on every shard (see per_shard). *n counts the rows of the
+/* The purge on every shard (see per_shard). *n counts the rows of the
  * shards that answered; a shard that did not (its worker is down) fails the
  * call after the others were done. */
-static int shard_batch(store *s, bool purge, int batch, int *n, char *err,
-		       size_t errlen, const char *what)
+static int shard_batch(store *s, int batch, int *n, char *err, size_t errlen,
+		       const char *what)
 {
 	*n = 0;
 	if (store_ensure(s, err, errlen))
 		return -1;
 	char cmd[1024];
-	snprintf(cmd, sizeof cmd, purge ? SHARD_PURGE_SQL : SHARD_REAP_SQL,
-		 batch);
+	snprintf(cmd, sizeof cmd, SHARD_PURGE_SQL, batch);
 	const char *vals[1] = {cmd};
 	PGresult *r = run(s, ST_PER_SHARD, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, what);
@@ -662,15 +730,64 @@ static int shard_batch(store *s, bool purge, int batch, int *n, char *err,
 	return rc;
 }
 
+/* The figures of one shard_walk. */
+typedef struct shard_walk_out {
+	int released;
+	bool more;
+	int64_t count;
+	double oldest_age_s;
+} shard_walk_out;
+
+/* One command on every shard from its place in map (see shard_walk); map
+ * takes the places the shards answered with, also when some failed (their
+ * worker is down: the call fails after the others were done). */
+static int shard_walk(store *s, const char *cmd, ip_buf *map,
+		      shard_walk_out *out, char *err, size_t errlen,
+		      const char *what)
+{
+	memset(out, 0, sizeof *out);
+	if (store_ensure(s, err, errlen))
+		return -1;
+	const char *vals[2] = {cmd, map->data ? map->data : ""};
+	PGresult *r = run(s, ST_SHARD_WALK, vals, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, what);
+	if (rc) {
+		PQclear(r);
+		return -1;
+	}
+	out->released = atoi(PQgetvalue(r, 0, 0));
+	out->more = PQgetvalue(r, 0, 1)[0] == 't';
+	out->count = atoll(PQgetvalue(r, 0, 2));
+	out->oldest_age_s = atof(PQgetvalue(r, 0, 3));
+	ip_buf_reset(map);
+	ip_buf_puts(map, PQgetvalue(r, 0, 7));
+	int failed = atoi(PQgetvalue(r, 0, 4));
+	if (failed) {
+		char msg[512];
+		snprintf(msg, sizeof msg, "%d of %s shards failed: %s", failed,
+			 PQgetvalue(r, 0, 5), PQgetvalue(r, 0, 6));
+		pg_link_err(err, errlen, what, msg);
+		rc = -1;
+	}
+	PQclear(r);
+	return rc;
+}
+
 int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 		      ip_buf *held, int *released, bool *more, char *err,
 		      size_t errlen)
 {
 	*released = 0;
 	*more = false;
-	if (s->citus)
-		return shard_batch(s, false, batch, released, err, errlen,
-				   "reap");
+	if (s->citus) {
+		char cmd[2048];
+		snprintf(cmd, sizeof cmd, SHARD_REAP_SQL, batch, batch);
+		shard_walk_out o;
+		int rc = shard_walk(s, cmd, held, &o, err, errlen, "reap");
+		*released = o.released;
+		*more = o.more && !rc;
+		return rc;
+	}
 	if (store_ensure(s, err, errlen))
 		return -1;
 	char b[16];
@@ -700,8 +817,7 @@ int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen)
 {
 	if (s->citus)
-		return shard_batch(s, true, batch, purged, err,
-				   errlen, "purge");
+		return shard_batch(s, batch, purged, err, errlen, "purge");
 	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
 }
 
@@ -709,19 +825,24 @@ int store_processing_stats(store *s, const char *since, ip_buf *held,
 			   int64_t *count, double *oldest_age_s, char *err,
 			   size_t errlen)
 {
+	if (s->citus) {
+		shard_walk_out o;
+		int rc = shard_walk(s, SHARD_STATS_SQL, held, &o, err, errlen,
+				    "stats");
+		*count = o.count;
+		*oldest_age_s = o.oldest_age_s;
+		return rc;
+	}
 	if (store_ensure(s, err, errlen))
 		return -1;
 	const char *vals[2] = {since, held->data ? held->data : "{}"};
-	PGresult *r = s->citus ? run(s, ST_STATS_ALL, NULL, NULL, NULL, 0)
-			       : run(s, ST_STATS, vals, NULL, NULL, 0);
+	PGresult *r = run(s, ST_STATS, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "stats");
 	if (!rc) {
 		*count = atoll(PQgetvalue(r, 0, 0));
 		*oldest_age_s = atof(PQgetvalue(r, 0, 1));
-		if (!s->citus) {
-			ip_buf_reset(held);
-			ip_buf_puts(held, PQgetvalue(r, 0, 2));
-		}
+		ip_buf_reset(held);
+		ip_buf_puts(held, PQgetvalue(r, 0, 2));
 	}
 	PQclear(r);
 	return rc;

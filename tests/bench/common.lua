@@ -34,11 +34,20 @@ function bench.fresh_key(n)
 		math.random(0, 0x7fffffff), bench.tag, tid, n)
 end
 
-function bench.post(key, body)
-	return wrk.format("POST", bench.path, {
+-- BENCH_TENANTS=N (citus.sh): each key belongs to one of N tenants, sent
+-- as X-Tenant-Id (a route with tenant = "header:X-Tenant-Id"), so that
+-- the keys spread over the shards of a distributed store.
+bench.tenants = tonumber(os.getenv("BENCH_TENANTS") or "")
+
+function bench.post(key, body, n)
+	local h = {
 		["Content-Type"] = "application/json",
 		["Idempotency-Key"] = key,
-	}, body or bench.body)
+	}
+	if bench.tenants then
+		h["X-Tenant-Id"] = tostring((n or 0) % bench.tenants)
+	end
+	return wrk.format("POST", bench.path, h, body or bench.body)
 end
 
 -- The line the harness reads; latency and duration are in microseconds.

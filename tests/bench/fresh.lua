@@ -9,5 +9,5 @@ end
 
 function request()
 	n = n + 1
-	return bench.post(bench.fresh_key(n))
+	return bench.post(bench.fresh_key(n), nil, n)
 end

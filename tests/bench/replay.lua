@@ -9,4 +9,7 @@ function init(args)
 	wrk.body = bench.body
 	wrk.headers["Content-Type"] = "application/json"
 	wrk.headers["Idempotency-Key"] = bench.tag
+	if bench.tenants then
+		wrk.headers["X-Tenant-Id"] = "0"
+	end
 end

@@ -289,7 +289,17 @@ cpu_start() {
 	CPU_PG=$1 CPU_KIND=${2:-} CPU_PID=${3:-}
 	CPU_PX0=$(cpu_proxy)
 	CPU_PG0=0
-	[ "$CPU_PG" = 0 ] || CPU_PG0=$(tree_cpu_s "$PG_PID")
+	[ "$CPU_PG" = 0 ] || CPU_PG0=$(pg_cpu_s)
+}
+
+# PostgreSQL's CPU seconds: every postmaster of PG_PIDS (the three of a
+# Citus cluster, citus.sh) and their children, or PG_PID's.
+pg_cpu_s() {
+	local p t=0
+	for p in ${PG_PIDS:-$PG_PID}; do
+		t=$(awk -v a="$t" -v b="$(tree_cpu_s "$p")" 'BEGIN { print a + b }')
+	done
+	echo "$t"
 }
 
 cpu_proxy() {
@@ -305,7 +315,7 @@ cpu_proxy() {
 cpu_stop() {
 	local id=$1 n=$2 px pg=0
 	px=$(cpu_proxy)
-	[ "$CPU_PG" = 0 ] || pg=$(tree_cpu_s "$PG_PID")
+	[ "$CPU_PG" = 0 ] || pg=$(pg_cpu_s)
 	[ "$RECORD" = 1 ] || return 0
 	[ "$CPU_PG" = 0 ] ||
 		echo "$(awk -v a="$CPU_PG0" -v b="$pg" 'BEGIN { print b - a }') $n" >>"$DATA/$id.pgcpu"
@@ -691,4 +701,5 @@ main() {
 	fi
 }
 
-main "$@"
+# citus.sh sources this file for its functions.
+[ -n "${BENCH_SOURCE_ONLY:-}" ] || main "$@"

@@ -118,9 +118,12 @@ class Pg:
                                                         r.stdout, r.stderr))
         return r
 
+    EXTRA = ""
+
     def opts(self):
         return ("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=on "
-                "-c synchronous_commit=on -c max_connections=100" % (self.port, self.tmp))
+                "-c synchronous_commit=on -c max_connections=100" % (self.port, self.tmp)
+                + self.EXTRA)
 
     def start(self):
         self._run(["initdb", "-D", self.data, "-A", "trust", "-U", "postgres", "-E", "UTF8",
@@ -151,6 +154,73 @@ class Pg:
         with psycopg.connect(self.url("postgres"), autocommit=True) as c:
             c.execute("CREATE DATABASE %s" % name)
         return self.url(name)
+
+
+class CitusNode(Pg):
+    """One server of a Citus cluster (as tests/integration/citus_cluster.py
+    starts them, but with fsync on): Citus loaded, room for its connections
+    between the nodes and for its two-phase commits."""
+    EXTRA = (" -c max_connections=300 -c shared_preload_libraries=citus "
+             "-c max_prepared_transactions=200")
+
+
+class CitusPg:
+    """A coordinator and two workers on 127.0.0.1, each its own cluster;
+    the proxies talk to the coordinator only. Each database is created on
+    all three with the extension and the workers joined (citus_add_node).
+    A crash-restart picks one node: the coordinator (every tenant's claims
+    fail) or a worker (its tenants' claims fail)."""
+
+    def __init__(self, tmp):
+        dirs = [os.path.join(tmp, n) for n in ("coordinator", "worker1", "worker2")]
+        for d in dirs:
+            os.makedirs(d)
+        if os.geteuid() == 0:   # the nodes' postgres user goes through it
+            pw = pwd.getpwnam("postgres")
+            os.chown(tmp, pw.pw_uid, pw.pw_gid)
+        self.coordinator = CitusNode(dirs[0])
+        self.workers = [CitusNode(d) for d in dirs[1:]]
+        self.nodes = [self.coordinator] + self.workers
+        self.names = ["coordinator", "worker1", "worker2"]
+        self.port = self.coordinator.port
+
+    def start(self):
+        for n in self.nodes:
+            n.start()
+
+    def restart_immediate(self, node=0):
+        """A crash of one node (an index into names); returns its name."""
+        i = node
+        self.nodes[i].restart_immediate()
+        return self.names[i]
+
+    def stop(self):
+        for n in self.nodes:
+            n.stop()
+
+    def url(self, db):
+        return self.coordinator.url(db)
+
+    def create_db(self, name):
+        for n in self.nodes:
+            n.create_db(name)
+            with psycopg.connect(n.url(name), autocommit=True) as c:
+                c.execute("CREATE EXTENSION citus")
+        with psycopg.connect(self.url(name), autocommit=True) as c:
+            c.execute("SELECT citus_set_coordinator_host('127.0.0.1', %s)",
+                      (self.coordinator.port,))
+            for w in self.workers:
+                c.execute("SELECT citus_add_node('127.0.0.1', %s)", (w.port,))
+        return self.url(name)
+
+    def worker_of(self, db, tenant):
+        """The name of the worker holding the shard of a stored tenant."""
+        with psycopg.connect(self.url(db), autocommit=True) as c:
+            port = c.execute(
+                "SELECT nodeport FROM pg_dist_shard_placement WHERE shardid = "
+                "get_shard_id_for_distribution_column('idempotency_records', %s::text)",
+                (tenant,)).fetchone()[0]
+        return self.names[[n.port for n in self.nodes].index(port)]
 
 
 def rss_kb(pid):

@@ -4,6 +4,11 @@ proxy, PostgreSQL crash-restarts, SIGHUP), then the invariants of
 checker.py on what the upstream, the clients and the proxies recorded.
 
   soak.py [--seconds 60] [--modes hold,release] [--seed N] [--fuzz-seconds 30]
+          [--citus]
+
+--citus runs it on a Citus coordinator with two workers (procs.CitusPg,
+database.distributed = "citus"): the keys are spread over four tenants, two
+on each worker, and a crash-restart hits the coordinator or one worker.
 
 Each mode runs for --seconds plus a drain (clients finish the keys they
 hold), on its own database of one cluster. The HTTP front-end fuzzer
@@ -39,9 +44,11 @@ CLIENTS = 12
 CLIENT_TIMEOUT_S = 6.0
 
 PAY, REFUND = "/v1/payments", "/v1/refunds"
+TENANT_HEADER = "X-Tenant-Id"
+TENANTS_PER_WORKER = 2
 
 
-def settings_for(mode, url, upstream_port):
+def settings_for(mode, url, upstream_port, citus=False):
     defaults = {"lease": "3s", "upstream_timeout": "1s", "retry_after": "500ms",
                 "ttl": "1h",
                 "on_unknown": "hold" if mode == "hold" else "release_after_lease"}
@@ -53,17 +60,23 @@ def settings_for(mode, url, upstream_port):
         defaults["release_statuses"] = []
     else:
         refund["ttl"] = "%ds" % SHORT_TTL_S
+    routes = [{"name": "create_payment", "path": PAY,
+               "upstream": "http://127.0.0.1:%d" % upstream_port}, refund]
+    database = {"url": url, "statement_timeout": "2s"}
+    if citus:
+        database["distributed"] = "citus"
+        for r in routes:
+            r["tenant"] = "header:" + TENANT_HEADER
     return {
         "workers": 4,
         "shutdown_grace": "3s",
         "log_level": "info",
         "log_format": "json",
         "replay_cache_ttl": "10s",
-        "database": {"url": url, "statement_timeout": "2s"},
+        "database": database,
         "reaper": {"interval": "1s"},
         "defaults": defaults,
-        "routes": [{"name": "create_payment", "path": PAY,
-                    "upstream": "http://127.0.0.1:%d" % upstream_port}, refund],
+        "routes": routes,
     }
 
 
@@ -115,6 +128,9 @@ class Run:
     def __init__(self, mode, pg, seconds, seed):
         self.mode = mode
         self.pg = pg
+        self.citus = isinstance(pg, procs.CitusPg)
+        self.tenants = [None]
+        self.tenant_node = {}
         self.seconds = seconds
         self.rng = random.Random(seed)
         self.seed = seed
@@ -137,13 +153,32 @@ class Run:
         self.upstream = Upstream(self.tmp, self.mode == "release", self.seed)
         self.proxies = []
         for i, port in enumerate(self.upstream.ports):
-            p = Proxy("p%d" % (i + 1), self.tmp, settings_for(self.mode, url, port))
+            p = Proxy("p%d" % (i + 1), self.tmp, settings_for(self.mode, url, port,
+                                                              self.citus))
             p.managed = False
             self.proxies.append(p)
         self.port_inst = {port: p.name for port, p in zip(self.upstream.ports, self.proxies)}
         self.proxies[0].migrate()
+        if self.citus:
+            self.pick_tenants()
         for p in self.proxies:
             p.start()
+
+    def pick_tenants(self):
+        """TENANTS_PER_WORKER tenants on each worker (the stored tenant names
+        its source, which decides the shard)."""
+        per = {}
+        for i in range(500):
+            t = "t%d" % i
+            node = self.pg.worker_of("chaos_%s" % self.mode, "header:" + t)
+            if len(per.setdefault(node, [])) < TENANTS_PER_WORKER:
+                per[node].append(t)
+                self.tenant_node[t] = node
+            if len(per) == len(self.pg.workers) and \
+                    all(len(ts) == TENANTS_PER_WORKER for ts in per.values()):
+                self.tenants = sorted(self.tenant_node)
+                return
+        raise RuntimeError("no %d tenants on each worker: %r" % (TENANTS_PER_WORKER, per))
 
     # --- clients -------------------------------------------------------------
 
@@ -154,14 +189,18 @@ class Run:
 
     def attempt(self, sess, inst, flow, kind, key, route, body):
         rid = self.next_rid(kind[0])
+        headers = {"Idempotency-Key": key, "X-Request-Id": rid,
+                   "Content-Type": "application/json"}
+        tenant = self.keys[key].get("tenant")
+        if tenant:
+            headers[TENANT_HEADER] = tenant
         a = {"key": key, "flow": flow, "kind": kind, "inst": inst.name, "rid": rid,
              "t0": time.time(), "status": None, "code": None, "error": None, "id": None,
              "body_key": None, "ctypes": 0, "trailer": False, "decodable": False,
              "detail": None, "replayed": None}
         try:
             r = sess.post(inst.url + route, data=body, timeout=CLIENT_TIMEOUT_S,
-                          headers={"Idempotency-Key": key, "X-Request-Id": rid,
-                                   "Content-Type": "application/json"})
+                          headers=headers)
         except requests.RequestException as e:
             a["error"] = type(e).__name__
             a["t1"] = time.time()
@@ -245,6 +284,8 @@ class Run:
             amount = rng.randint(1, 10 ** 6)
             body = json.dumps({"amount": amount, "currency": "EUR", "order": key}).encode()
             self.keys[key] = {"route": route, "body": body, "probes": []}
+            if self.citus:
+                self.keys[key]["tenant"] = rng.choice(self.tenants)
             first = rng.choice(self.proxies)
             if rng.random() < 0.25:
                 # duplicates racing the same key, one on each instance
@@ -327,7 +368,11 @@ class Run:
             elif kind == "pg_restart":
                 e = self.event("pg_restart")
                 try:
-                    self.pg.restart_immediate()
+                    if self.citus:
+                        # the coordinator or a worker, each as often
+                        e["node"] = self.pg.restart_immediate(rng.randrange(3))
+                    else:
+                        self.pg.restart_immediate()
                 except (RuntimeError, subprocess.SubprocessError) as x:
                     e["error"] = str(x)
                 e["t_end"] = time.time()
@@ -448,6 +493,12 @@ class Run:
         pgr = [e["t_end"] - e["t"] for e in self.chaos if e["kind"] == "pg_restart"]
         if pgr:
             out.append("  PostgreSQL crash-restarts took %.1f-%.1f s" % (min(pgr), max(pgr)))
+        if self.citus:
+            out.append("  Citus: tenants %s; crash-restarts by node: %s" % (
+                ", ".join("%s on %s" % kv for kv in sorted(self.tenant_node.items())),
+                ", ".join("%s %d" % kv for kv in sorted(Counter(
+                    e.get("node") for e in self.chaos if e["kind"] == "pg_restart").items()))
+                or "none"))
         out.append("  RSS (kB): " + ", ".join("%s max %s, at end %s" % (
             p.name, self.rss_max.get(p.name), self.rss_end.get(p.name)) for p in self.proxies))
         return out
@@ -476,6 +527,8 @@ def main():
     ap.add_argument("--seed", type=int, default=int(os.environ.get("CHAOS_SEED", "0")) or
                     int(time.time()) % 100000)
     ap.add_argument("--fuzz-seconds", type=float, default=30)
+    ap.add_argument("--citus", action="store_true",
+                    help="on a Citus coordinator with two workers")
     a = ap.parse_args()
 
     def on_term(*_):
@@ -484,12 +537,13 @@ def main():
     if not os.access(procs.BINARY, os.X_OK):
         print("%s is missing: run make first" % procs.BINARY)
         return 2
-    print("chaos soak: seed %d (CHAOS_SEED=%d reproduces the draws), %.0f s per mode"
-          % (a.seed, a.seed, a.seconds), flush=True)
+    print("chaos soak%s: seed %d (CHAOS_SEED=%d reproduces the draws), %.0f s per mode"
+          % (" on Citus (a coordinator, two workers)" if a.citus else "",
+             a.seed, a.seed, a.seconds), flush=True)
     failed = []
     summary = []
     try:
-        pg = Pg(make_tmp("idemproxy-chaos-pg-"))
+        pg = (procs.CitusPg if a.citus else Pg)(make_tmp("idemproxy-chaos-pg-"))
         pg.start()
         for mode in [m for m in a.modes.split(",") if m]:
             run = Run(mode, pg, a.seconds, a.seed)

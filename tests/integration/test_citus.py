@@ -6,12 +6,15 @@ the conversion of a store migrated plain.
 Collected only under `make test-citus` (IDEMPROXY_TEST_CITUS=1), where the
 session's cluster is a coordinator and two workers (citus_cluster.py).
 """
+import threading
+
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
 from conftest import run_binary
 from helpers import assert_problem, is_replay, new_key, wait_until
+from store_support import metrics
 
 HOOKS = "/hooks/charge"
 
@@ -48,7 +51,8 @@ def tenants_on_each_worker(pg, cluster):
 
 def on_node(node, dbname, sql, params=None):
     with psycopg.connect(node.conninfo(dbname), autocommit=True, row_factory=dict_row) as c:
-        return c.execute(sql, params).fetchall()
+        cur = c.execute(sql, params)
+        return cur.fetchall() if cur.description else []
 
 
 def node_by_port(cluster, port):
@@ -283,3 +287,138 @@ def test_reaper_releases_and_purges_on_every_shard(make_proxy, stub, pg, pg_clus
         rows = shard_rows(pg_cluster, pg, t)
         assert sorted(r["idem_key"] for r in rows) == sorted("dead-%d" % g for g in range(1, 11))
         assert {r["state"] for r in rows} == {"released"}
+
+
+@pytest.mark.no_replay_cache  # the waiter's answer comes from the store
+def test_a_waiter_is_woken_by_a_completion_through_another_proxy(make_proxy, stub, pg,
+                                                                pg_cluster):
+    # The waiter marks the record on the tenant's worker; the completion
+    # through the other proxy reads the mark there and sends the NOTIFY from
+    # its coordinator session, where the waiter's instance LISTENs.
+    wait = {"hooks": {"in_flight": "wait", "wait_max": "30s", "lease": "60s"}}
+    a = make_proxy(route_overrides=wait)
+    b = make_proxy(route_overrides=wait)
+    tenant = tenants_on_each_worker(pg, pg_cluster)[pg_cluster.workers[1].port]
+    key = new_key("wake")
+    stub.configure({"prefix": HOOKS, "key": key, "gate": "orig", "times": 1}, append=True)
+    results = {}
+
+    def send(name, proxy):
+        results[name] = proxy.post(HOOKS, key=key, json={"amount": 100},
+                                   headers={"X-Tenant-Id": tenant}, timeout=60)
+    orig = threading.Thread(target=send, args=("orig", a))
+    orig.start()
+    stub.wait_for(1, key=key)
+    dup = threading.Thread(target=send, args=("dup", b))
+    dup.start()
+    wait_until(lambda: metrics(b).get("idemproxy_waiters", 0) == 1, timeout=30,
+               what="the duplicate waiting on the other proxy")
+    assert on_node(node_by_port(pg_cluster, worker_port(pg, tenant)), pg.name,
+                   "SELECT wait_notify FROM idempotency_records_%d WHERE tenant = %%s "
+                   "AND idem_key = %%s" % shard_of(pg, tenant),
+                   (stored(tenant), key)) == [{"wait_notify": True}]
+    stub.release("orig")
+    orig.join(70)
+    dup.join(70)
+    first, second = results["orig"], results["dup"]
+    assert first.status_code == 201 and not is_replay(first)
+    assert second.status_code == 201 and is_replay(second), second.text
+    assert second.content == first.content
+    assert stub.count(key=key) == 1
+    assert metrics(b).get('idemproxy_wait_outcomes_total{route="hooks",outcome="replayed"}',
+                          0) == 1
+
+
+def insert_rows(pg, tenant, prefix, n, state, lease_until, expires_at, hold=False):
+    pg.execute(
+        "INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, "
+        "state, owner_token, attempt, lease_until, hold_on_unknown, created_at, updated_at, "
+        "expires_at) SELECT %s, 'hooks', %s || g, sha256(g::text::bytea), %s, "
+        "gen_random_uuid(), 1, " + lease_until + ", %s, now() - interval '2 hours', "
+        "now() - interval '2 hours', " + expires_at + " FROM generate_series(1, %s) g",
+        (stored(tenant), prefix, state, hold, n))
+
+
+def state_of(pg, tenant, key):
+    rows = pg.query("SELECT state FROM idempotency_records WHERE tenant = %s "
+                    "AND operation = 'hooks' AND idem_key = %s", (stored(tenant), key))
+    return rows[0]["state"] if rows else None
+
+
+def lease_ending_soon(pg, tenant, key):
+    """A processing row whose lease ends just after now; returns once the
+    reaper released it (a pass walked past it)."""
+    insert_rows(pg, tenant, key, 1, "processing", "now() + interval '300 milliseconds'",
+                "now() + interval '1 hour'")
+    wait_until(lambda: state_of(pg, tenant, key + "1") == "released", timeout=30,
+               what="the lease %s released" % key)
+
+
+def rows_read(node, dbname, shard):
+    """Heap rows the shard's table gave to scans so far (sequential and
+    index): pg_stat_user_tables hides shards, the functions do not."""
+    return on_node(node, dbname, "SELECT pg_stat_get_tuples_returned(%s::regclass) + "
+                   "pg_stat_get_tuples_fetched(%s::regclass) AS n",
+                   ("idempotency_records_%d" % shard,) * 2)[0]["n"]
+
+
+def test_the_reaper_reads_only_the_leases_that_ended_since_its_last_pass(make_proxy, pg,
+                                                                         pg_cluster):
+    # Many leases that ended long ago (completed rows keep the end of their
+    # last lease): the first pass walks them once; later passes and the
+    # gauges read only what ended since, on the shard's lease_until index.
+    proxy = make_proxy(top={"reaper": {"interval": "200ms", "batch": 500}}, start=False)
+    tenant = "acme"
+    node = node_by_port(pg_cluster, worker_port(pg, tenant))
+    shard = shard_of(pg, tenant)
+    old = 3000
+    insert_rows(pg, tenant, "old-", old, "completed",
+                "now() - interval '2 hours' + g * interval '1 ms'", "now() + interval '1 hour'")
+    on_node(node, pg.name, "ANALYZE idempotency_records_%d" % shard)
+    proxy.start()
+    lease_ending_soon(pg, tenant, "first-")
+    lease_ending_soon(pg, tenant, "second-")  # the first walk's reads are counted
+    before = rows_read(node, pg.name, shard)
+    for i in range(5):
+        lease_ending_soon(pg, tenant, "pass%d-" % i)
+    read = rows_read(node, pg.name, shard) - before
+    # Each of those passes read every old row twice before (the release
+    # and the gauges): at least 5 x 6000 rows.
+    assert read < old, "%d rows read in 5 passes or more" % read
+    assert pg.query("SELECT count(*) AS n FROM idempotency_records WHERE state = 'completed'"
+                    )[0]["n"] == old
+
+
+def test_the_reaper_releases_and_purges_what_ended_while_it_was_down(make_proxy, pg,
+                                                                     pg_cluster):
+    reaper = {"reaper": {"interval": "200ms", "batch": 4}}
+    first = make_proxy(top=reaper)
+    tenants = list(tenants_on_each_worker(pg, pg_cluster).values())
+    for t in tenants:
+        lease_ending_soon(pg, t, "walked-")  # the walk is past now on each shard
+    assert first.stop() == 0
+    for t in tenants:
+        # Ended an hour ago, before where the last walk stopped.
+        insert_rows(pg, t, "dead-", 10, "processing", "now() - interval '1 hour'",
+                    "now() + interval '1 hour'")
+        insert_rows(pg, t, "held-", 3, "processing", "now() - interval '1 hour'",
+                    "now() + interval '1 hour'", hold=True)
+        insert_rows(pg, t, "live-", 2, "processing", "now() + interval '1 hour'",
+                    "now() + interval '2 hours'")
+        insert_rows(pg, t, "old-", 10, "completed", "now() - interval '2 days'",
+                    "now() - interval '1 minute'")
+    second = make_proxy(top=reaper)
+
+    def count(where):
+        return pg.query("SELECT count(*) AS n FROM idempotency_records WHERE " + where)[0]["n"]
+    wait_until(lambda: count("idem_key LIKE 'dead-%%' AND state = 'released'") == 20,
+               timeout=30, what="every dead lease released")
+    wait_until(lambda: count("idem_key LIKE 'old-%%'") == 0, timeout=30,
+               what="every expired record purged")
+    assert count("state = 'processing'") == len(tenants) * 5  # held and live stay
+    # The gauges count the held rows the walk passed and the live leases.
+    wait_until(lambda: metrics(second).get("idemproxy_processing_records") == len(tenants) * 5,
+               timeout=30, what="the processing gauge at the held and live rows")
+    for t in tenants:
+        assert {r["idem_key"][:5] for r in shard_rows(pg_cluster, pg, t)
+                if r["state"] == "processing"} == {"held-", "live-"}
