@@ -3,6 +3,9 @@
 -- store the pairs spread over the shards as the proxy's requests do
 -- (BENCH_TENANTS). Bound as a parameter (-M prepared), as the proxy binds
 -- it: Citus delegates the claim on the parameter's value.
+-- On a plain store the proxy claims a fresh key with claim_new (src/store_pg.c,
+-- a plain insert; claim_record.sql); this script calls idem_claim on both,
+-- the statement Citus delegates.
 \set n :n + 1
 \set key :run * 1000000000000 + :client_id * 1000000000 + :n
 \set t :key % 16
