@@ -58,5 +58,7 @@ typedef struct log_request {
 } log_request;
 
 void log_request_line(const log_request *r);
+/* The request line's JSON object (no newline), with the time ts. */
+void log_request_json(ip_buf *b, const log_request *r, const char *ts);
 
 #endif
