@@ -16,6 +16,7 @@ struct waiters;
 typedef struct proxy_shared {
 	const char *db_url;
 	int64_t statement_timeout_ms;
+	bool citus; /* distributed store: the claim is idem_claim alone */
 	struct replay_cache *cache; /* NULL: no replay cache */
 	struct record_retry *retry; /* records the workers could not write */
 	struct waiters *waiters;    /* duplicates waiting; NULL: none wait */

@@ -22,7 +22,8 @@ void store_free(store *s);
  * SET is sent only when it differs from the one in force. */
 void store_set_statement_timeout(store *s, int64_t ms);
 /* The records are distributed by Citus (database.distributed = "citus"):
- * the reaper's batches then run per shard. Before the first call. */
+ * the reaper's batches then run per shard, and a claim is the delegated
+ * idem_claim call alone (no insert first). Before the first call. */
 void store_set_distributed(store *s, bool citus);
 
 /* Connects (and prepares) if not connected. 0 or -1 with err. */

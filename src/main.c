@@ -255,8 +255,8 @@ static int serve(config *cfg)
 	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
 	waiters *wt = waiters_start(cfg->max_waiters, &wops);
 	running.waiters = wt;
-	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cache, retry,
-			       wt};
+	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cfg->db_citus,
+			       cache, retry, wt};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;

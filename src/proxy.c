@@ -47,6 +47,7 @@ void *proxy_worker_init(void *arg, int index)
 	w->retry = sh->retry;
 	w->waiters = sh->waiters;
 	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
+	store_set_distributed(w->st, sh->citus);
 	w->up = upstream_new();
 	char err[256];
 	/* Connect now so the first request does not pay for it; a failure is
