@@ -322,8 +322,13 @@ void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 }
 
 /* Microsecond resolution is plenty in a log line. */
+/* Milliseconds to whole microseconds. A value too large for that (or not
+ * a number) is left as it is: converting it to an integer would be
+ * undefined. */
 static double ms3(double ms)
 {
+	if (!(fabs(ms) < 9e15))
+		return ms;
 	return (double)(int64_t)(ms * 1000.0 + 0.5) / 1000.0;
 }
 

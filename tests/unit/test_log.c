@@ -79,6 +79,8 @@ static void ref_str(json_t *o, const char *k, const char *v)
 
 static double ref_ms3(double ms)
 {
+	if (!(fabs(ms) < 9e15))
+		return ms;
 	return (double)(int64_t)(ms * 1000.0 + 0.5) / 1000.0;
 }
 
