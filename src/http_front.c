@@ -468,36 +468,37 @@ static void on_job_done(job *j)
 	atomic_fetch_sub(&f->in_flight, 1);
 }
 
-/* A rejection the event thread answers itself (413, 503 overloaded). */
-static enum MHD_Result answer_now(req_ctx *c, int status, const char *code,
-				  const char *outcome, const char *detail,
-				  int64_t retry_after_s)
+/* A rejection the event thread answers itself (413, 503 overloaded);
+ * with close, the connection is closed after the answer: for requests
+ * whose framing or header block we do not trust, and during a drain. */
+static enum MHD_Result answer(req_ctx *c, int status, const char *code,
+			      const char *outcome, const char *detail,
+			      int64_t retry_after_s, bool close)
 {
 	job *j = c->j;
 	if (!slot_enter(c->f, c->slot, PH_NONE, 0))
 		return MHD_NO;
 	j->outcome = outcome;
 	proxy_problem(j, status, code, detail, retry_after_s);
+	if (close)
+		header_list_add(&j->resp_headers, "Connection", 10, "close", 5);
 	proxy_account(j);
 	atomic_store(&c->stage, ST_ANSWERED);
 	return send_job_response(c->conn, j);
 }
 
-/* The same, and the connection is closed after the answer: for requests
- * whose framing or header block we do not trust, and during a drain. */
+static enum MHD_Result answer_now(req_ctx *c, int status, const char *code,
+				  const char *outcome, const char *detail,
+				  int64_t retry_after_s)
+{
+	return answer(c, status, code, outcome, detail, retry_after_s, false);
+}
+
 static enum MHD_Result answer_close(req_ctx *c, int status, const char *code,
 				    const char *outcome, const char *detail,
 				    int64_t retry_after_s)
 {
-	job *j = c->j;
-	if (!slot_enter(c->f, c->slot, PH_NONE, 0))
-		return MHD_NO;
-	j->outcome = outcome;
-	proxy_problem(j, status, code, detail, retry_after_s);
-	header_list_add(&j->resp_headers, "Connection", 10, "close", 5);
-	proxy_account(j);
-	atomic_store(&c->stage, ST_ANSWERED);
-	return send_job_response(c->conn, j);
+	return answer(c, status, code, outcome, detail, retry_after_s, true);
 }
 
 #define SHUTTING_DOWN_DETAIL                                                   \

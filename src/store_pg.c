@@ -699,6 +699,21 @@ static int batch_stmt(store *s, int st, int batch, int *n, char *err,
 	return rc;
 }
 
+/* Columns col, col + 1 and col + 2 of a per-shard answer: how many shards
+ * failed, of how many, and the first failure. -1 with err when any did. */
+static int shards_failed(PGresult *r, int col, char *err, size_t errlen,
+			 const char *what)
+{
+	int failed = atoi(PQgetvalue(r, 0, col));
+	if (!failed)
+		return 0;
+	char msg[512];
+	snprintf(msg, sizeof msg, "%d of %s shards failed: %s", failed,
+		 PQgetvalue(r, 0, col + 1), PQgetvalue(r, 0, col + 2));
+	pg_link_err(err, errlen, what, msg);
+	return -1;
+}
+
 /* The purge on every shard (see per_shard). *n counts the rows of the
  * shards that answered; a shard that did not (its worker is down) fails the
  * call after the others were done. */
@@ -718,14 +733,7 @@ static int shard_batch(store *s, int batch, int *n, char *err, size_t errlen,
 		return -1;
 	}
 	*n = atoi(PQgetvalue(r, 0, 0));
-	int failed = atoi(PQgetvalue(r, 0, 1));
-	if (failed) {
-		char msg[512];
-		snprintf(msg, sizeof msg, "%d of %s shards failed: %s", failed,
-			 PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 3));
-		pg_link_err(err, errlen, what, msg);
-		rc = -1;
-	}
+	rc = shards_failed(r, 1, err, errlen, what);
 	PQclear(r);
 	return rc;
 }
@@ -761,14 +769,7 @@ static int shard_walk(store *s, const char *cmd, ip_buf *map,
 	out->oldest_age_s = atof(PQgetvalue(r, 0, 3));
 	ip_buf_reset(map);
 	ip_buf_puts(map, PQgetvalue(r, 0, 7));
-	int failed = atoi(PQgetvalue(r, 0, 4));
-	if (failed) {
-		char msg[512];
-		snprintf(msg, sizeof msg, "%d of %s shards failed: %s", failed,
-			 PQgetvalue(r, 0, 5), PQgetvalue(r, 0, 6));
-		pg_link_err(err, errlen, what, msg);
-		rc = -1;
-	}
+	rc = shards_failed(r, 4, err, errlen, what);
 	PQclear(r);
 	return rc;
 }

@@ -27,7 +27,6 @@
 typedef struct slot {
 	sem_t wake;
 	void *item; /* handed over by submit, NULL to stop */
-	bool idle;
 } slot;
 
 struct worker_pool {
@@ -46,19 +45,6 @@ struct worker_pool {
 	worker_ops ops;
 	int next_index;
 };
-
-static void unidle(worker_pool *p, slot *me)
-{
-	for (int i = p->nidle - 1; i >= 0; i--) {
-		if (p->idle[i] == me) {
-			for (int k = i; k < p->nidle - 1; k++)
-				p->idle[k] = p->idle[k + 1];
-			p->nidle--;
-			break;
-		}
-	}
-	me->idle = false;
-}
 
 /* Called and returns with the lock held. */
 static void spin_for_work(worker_pool *p)
@@ -104,17 +90,14 @@ static void *next_item(worker_pool *p, slot *me)
 			return NULL; /* and the queue is drained */
 		}
 		p->idle[p->nidle++] = me;
-		me->idle = true;
 		me->item = NULL;
 		pthread_mutex_unlock(&p->mu);
 		sem_wait_all(&me->wake);
 		/* submit popped this slot and counted the item active; stop
-		 * posts none. */
+		 * popped it too, and posts none. */
 		if (me->item)
 			return me->item;
 		pthread_mutex_lock(&p->mu);
-		if (me->idle)
-			unidle(p, me);
 	}
 }
 
@@ -176,7 +159,6 @@ bool worker_pool_submit(worker_pool *p, void *item)
 	slot *s = NULL;
 	if (p->nidle > 0 && (!p->spinner || p->count > 0)) {
 		s = p->idle[--p->nidle];
-		s->idle = false;
 		s->item = item;
 		p->active++;
 	} else {
@@ -225,7 +207,6 @@ void worker_pool_stop(worker_pool *p)
 	p->stopping = true;
 	while (p->nidle > 0) {
 		slot *s = p->idle[--p->nidle];
-		s->idle = false;
 		sem_post(&s->wake);
 	}
 	pthread_mutex_unlock(&p->mu);
