@@ -12,6 +12,7 @@
 #include "busy.h"
 #include "migrations.h"
 #include "pg_link.h"
+#include "sqlsplit.h"
 #include "wake.h"
 
 struct store {
@@ -965,8 +966,17 @@ static int apply_one(PGconn *c, const struct migration *m, char *err,
 	snprintf(what, sizeof what, "migration %s", m->name);
 	if (simple(c, "BEGIN", err, errlen, what))
 		return -1;
-	if (simple(c, m->sql, err, errlen, what))
-		goto rollback;
+	/* One statement at a time (sqlsplit.h: Citus passes a DDL
+	 * statement's text on to the shards). */
+	size_t pos = 0, len;
+	const char *st;
+	while (sql_next_statement(m->sql, &pos, &st, &len)) {
+		char *one = xstrndup(st, len);
+		int failed = simple(c, one, err, errlen, what);
+		free(one);
+		if (failed)
+			goto rollback;
+	}
 	char ver[16];
 	snprintf(ver, sizeof ver, "%d", m->version);
 	const char *vals[2] = {ver, m->name};

@@ -422,3 +422,44 @@ def test_the_reaper_releases_and_purges_what_ended_while_it_was_down(make_proxy,
     for t in tenants:
         assert {r["idem_key"][:5] for r in shard_rows(pg_cluster, pg, t)
                 if r["state"] == "processing"} == {"held-", "live-"}
+
+
+def test_migration_008_on_a_distributed_store(make_proxy, stub, pg, pg_cluster):
+    """A store distributed at schema version 7 (the state text, checked by
+    the table's CHECK constraint) is brought to 8 by --migrate: every shard's
+    state is the domain, the records answer as before and a value outside
+    the three is refused on the workers too."""
+    proxy = make_proxy()
+    tenants = tenants_on_each_worker(pg, pg_cluster)
+    keys = {t: new_key("v7") for t in tenants.values()}
+    first = {}
+    for t, k in keys.items():
+        r = hook(proxy, t, k)
+        assert r.status_code == 201
+        first[t] = r.content
+    assert proxy.stop() == 0
+    pg.execute("ALTER TABLE idempotency_records ALTER COLUMN state TYPE text")
+    pg.execute("DROP DOMAIN idem_state")
+    pg.execute("ALTER TABLE idempotency_records ADD CONSTRAINT "
+               "idempotency_records_state_check CHECK (state = ANY "
+               "(ARRAY['processing'::text, 'completed'::text, 'released'::text]))")
+    assert pg.execute("DELETE FROM schema_migrations WHERE version = 8") == 1
+
+    r = run_binary(["-c", proxy.conf_path, "--migrate"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "migrations applied: 1" in r.stdout
+    proxy.start()
+    for t, k in keys.items():
+        again = hook(proxy, t, k)
+        assert is_replay(again) and again.content == first[t]
+        assert stub.count(key=k) == 1
+        node = node_by_port(pg_cluster, worker_port(pg, t))
+        shard = "idempotency_records_%d" % shard_of(pg, t)
+        assert on_node(node, pg.name, "SELECT format_type(atttypid, atttypmod) AS t "
+                       "FROM pg_attribute WHERE attrelid = %s::regclass "
+                       "AND attname = 'state'", (shard,)) == [{"t": "idem_state"}]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            on_node(node, pg.name, "UPDATE %s SET state = 'gone' WHERE tenant = %%s" % shard,
+                    (stored(t),))
+    fresh = hook(proxy, tenants[pg_cluster.workers[0].port], new_key("v8"))
+    assert fresh.status_code == 201

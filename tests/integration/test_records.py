@@ -8,6 +8,7 @@ import json
 import os
 import threading
 
+import psycopg
 import pytest
 import requests
 
@@ -286,3 +287,88 @@ def test_fresh_key_is_claimed_without_calling_idem_claim(make_proxy, stub, pg):
     # transaction's end or when it has been idle a while.
     wait_until(lambda: calls() >= 1, what="idem_claim's call statistics", timeout=30)
     assert calls() == 1, "fresh keys went through idem_claim"
+
+
+# --- the state's three values: a domain, not a table constraint ----------------
+
+def test_a_state_outside_the_three_is_refused(make_proxy, stub, pg):
+    """The state column is the idem_state domain: a write of any other value
+    fails, whether a new row or a change of one (the table itself has no
+    CHECK constraint, which PostgreSQL would rebuild from its text at the
+    start of every claim and every record)."""
+    proxy = make_proxy()
+    key = new_key("state")
+    assert pay(proxy, key).status_code == 201
+    rows = pg.query("SELECT format_type(atttypid, atttypmod) AS t FROM pg_attribute "
+                    "WHERE attrelid = 'idempotency_records'::regclass AND attname = 'state'")
+    assert rows == [{"t": "idem_state"}], rows
+    checks = pg.query("SELECT conname FROM pg_constraint WHERE contype = 'c' "
+                      "AND conrelid = 'idempotency_records'::regclass")
+    assert checks == [], checks
+    with pytest.raises(psycopg.errors.CheckViolation):
+        pg.execute("UPDATE idempotency_records SET state = 'done' WHERE idem_key = %s",
+                   (key,))
+    pg.close()
+    with pytest.raises(psycopg.errors.CheckViolation):
+        insert_record(pg, new_key("bogus"), state="Processing")
+    pg.close()
+    assert pg.record(key)["state"] == "completed"
+    again = pay(proxy, key)
+    assert again.status_code == 201 and is_replay(again)
+    assert stub.count(key=key) == 1
+
+
+def _store_at_version_7(make_proxy, pg):
+    """The store as migration 007 left it: migrated by the proxy, then 008
+    undone (the state back to text with the table's CHECK constraint)."""
+    conf = make_proxy(start=False)
+    pg.execute("ALTER TABLE idempotency_records ALTER COLUMN state TYPE text")
+    pg.execute("DROP DOMAIN idem_state")
+    pg.execute("ALTER TABLE idempotency_records ADD CONSTRAINT "
+               "idempotency_records_state_check CHECK (state = ANY "
+               "(ARRAY['processing'::text, 'completed'::text, 'released'::text]))")
+    assert pg.execute("DELETE FROM schema_migrations WHERE version = 8") == 1
+    return conf
+
+
+@pytest.mark.no_replay_cache
+@pytest.mark.skipif(CITUS, reason="builds a plain store by hand")
+def test_migration_008_makes_the_state_a_domain_without_rewriting_the_records(
+        make_proxy, stub, pg):
+    """A store at schema version 7 with a completed, a released and an
+    in-flight record: after --migrate the table is the same file (nothing
+    rewritten), its CHECK constraint is gone, the state is the domain, and
+    each record answers as before: a replay, a forward, a 409."""
+    conf = _store_at_version_7(make_proxy, pg)
+    done, released, busy = new_key("done"), new_key("released"), new_key("busy")
+    insert_record(pg, done, state="completed", lease=None, status=201,
+                  body=b'{"id":"old"}')
+    insert_record(pg, released, state="released", lease=None)
+    insert_record(pg, busy)
+    file_before = pg.query("SELECT pg_relation_filenode('idempotency_records') AS f")[0]["f"]
+    r = run_binary(["-c", conf.conf_path, "--migrate"], env=conf.env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pg.close()
+    assert pg.query("SELECT pg_relation_filenode('idempotency_records') AS f")[0]["f"] \
+        == file_before, "migration 008 rewrote the table"
+    assert pg.query("SELECT conname FROM pg_constraint WHERE contype = 'c' "
+                    "AND conrelid = 'idempotency_records'::regclass") == []
+    assert pg.query("SELECT format_type(atttypid, atttypmod) AS t FROM pg_attribute "
+                    "WHERE attrelid = 'idempotency_records'::regclass "
+                    "AND attname = 'state'") == [{"t": "idem_state"}]
+    # Each record answers as before (the claim of a key that exists).
+    def claim(key):
+        got = pg.query("SELECT o_decision, o_body FROM idem_claim('default', "
+                       "'create_payment', %s, sha256(%s::bytea), 1000, 60000, false, "
+                       "gen_random_uuid())", (key, key.encode()))
+        assert len(got) == 1, got
+        return got[0]["o_decision"], got[0]["o_body"]
+
+    assert claim(done) == ("replay", b'{"id":"old"}')
+    assert claim(busy)[0] == "in_flight"
+    assert claim(released)[0] == "takeover"
+    assert pg.record(released)["state"] == "processing"
+    assert stub.count() == 0
+    with pytest.raises(psycopg.errors.CheckViolation):
+        pg.execute("UPDATE idempotency_records SET state = 'gone' WHERE idem_key = %s",
+                   (released,))
