@@ -199,11 +199,15 @@ static const stmt_def stmts[] = {
 	 {OID_TEXT},
 	 "SELECT pg_notify('" STORE_WAIT_CHANNEL "', $1)"},
 	/* A fresh key on a plain store: idem_claim's first step as a plain
-	 * statement, the same parameters and the same row as the function
-	 * returns for it. No row: the key exists, and idem_claim decides (a
-	 * second round trip, for repeats only). Saves the PL/pgSQL call on
-	 * every first attempt. On Citus the function call alone, delegated
-	 * to the tenant's worker, stays one round trip. */
+	 * statement, with the same parameters. One row inserted: the key is
+	 * this attempt's, and the proxy knows what the function would have
+	 * returned for it (claim_new_result). None: the key exists, and
+	 * idem_claim decides (a second round trip, for repeats only). Saves
+	 * the PL/pgSQL call on every first attempt, and, with no RETURNING,
+	 * the server's projection and row description (35k of the 364k
+	 * instructions a claim and its record cost the server, callgrind).
+	 * On Citus the function call alone, delegated to the tenant's
+	 * worker, stays one round trip. */
 	{"claim_new", 8,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
 	  OID_UUID},
@@ -213,9 +217,7 @@ static const stmt_def stmts[] = {
 	 "VALUES ($1, $2, $3, $4, 'processing', $8, 1, "
 	 "now() + $5 * interval '1 millisecond', $7, now(), now(), "
 	 "now() + greatest($6, $5) * interval '1 millisecond') "
-	 "ON CONFLICT DO NOTHING RETURNING 'forward'::text, owner_token, "
-	 "attempt, $5, NULL::int4, NULL::bytea, NULL::bytea, NULL::bool, "
-	 "greatest($6, $5)"},
+	 "ON CONFLICT DO NOTHING"},
 };
 
 enum {
@@ -443,6 +445,24 @@ static const struct {
 static int claim_once(store *s, const claim_req *req, claim_result *out,
 		      char *err, size_t errlen);
 
+static int affected(PGresult *r)
+{
+	const char *n = PQcmdTuples(r);
+	return n && *n ? atoi(n) : 0;
+}
+
+/* What idem_claim answers for a key it inserts: this attempt's, the first,
+ * with the whole lease, the record living max(ttl, lease). */
+static void claim_new_result(const claim_req *req, claim_result *out)
+{
+	out->decision = CLAIM_FORWARD;
+	memcpy(out->owner, req->owner, STORE_TOKEN_LEN);
+	out->attempt = 1;
+	out->lease_left_ms = req->lease_ms;
+	out->expires_in_ms =
+		req->ttl_ms > req->lease_ms ? req->ttl_ms : req->lease_ms;
+}
+
 int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
 		size_t errlen)
 {
@@ -471,24 +491,24 @@ static int claim_once(store *s, const claim_req *req, claim_result *out,
 			       (const char *)req->owner};
 	int lens[8] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN};
 	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
-	PGresult *r = NULL;
+	PGresult *r;
 	if (!s->citus) {
 		r = run(s, ST_CLAIM_NEW, vals, lens, fmts, 1);
-		if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
+		if (exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "claim")) {
 			PQclear(r);
 			return -1;
 		}
-		if (PQntuples(r) == 0) {
-			PQclear(r);
-			r = NULL;
+		int inserted = affected(r);
+		PQclear(r);
+		if (inserted == 1) {
+			claim_new_result(req, out);
+			return 0;
 		}
 	}
-	if (!r) {
-		r = run(s, ST_CLAIM, vals, lens, fmts, 1);
-		if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
-			PQclear(r);
-			return -1;
-		}
+	r = run(s, ST_CLAIM, vals, lens, fmts, 1);
+	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
+		PQclear(r);
+		return -1;
 	}
 	if (PQntuples(r) != 1) {
 		snprintf(err, errlen, "claim: %d rows", PQntuples(r));
@@ -536,12 +556,6 @@ void claim_result_clear(claim_result *r)
 	if (r->res)
 		PQclear(r->res);
 	r->res = NULL;
-}
-
-static int affected(PGresult *r)
-{
-	const char *n = PQcmdTuples(r);
-	return n && *n ? atoi(n) : 0;
 }
 
 /* After a write that changed nothing: when an earlier try of it may have
