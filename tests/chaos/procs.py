@@ -6,6 +6,7 @@ As in tests/integration/conftest.py: initdb into a temp dir as the postgres
 user when running as root (PostgreSQL refuses root), trust auth, its own
 port on 127.0.0.1; unlike there, fsync and synchronous_commit stay on.
 """
+import collections
 import ctypes
 import glob
 import json
@@ -58,10 +59,19 @@ def die_with_parent():
         pass
 
 
+_handed_out = collections.deque(maxlen=256)
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """Not one of the last ports handed out: the kernel may give the same
+    free port to two binds in a row (a proxy's listen and admin_listen)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.append(port)
+            return port
 
 
 KEEP_LOGS = {"on": False}   # set when a run failed: its logs stay for a look

@@ -2,6 +2,7 @@
 conf file writer, raw HTTP for requests `requests` cannot express, and the
 problem+json assertion."""
 import base64
+import collections
 import http.client
 import json
 import socket
@@ -18,10 +19,20 @@ def new_key(prefix="k"):
     return "%s-%s" % (prefix, uuid.uuid4().hex)
 
 
+_handed_out = collections.deque(maxlen=256)
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, and not one of the last ones handed out:
+    the kernel may give the same free port to two binds in a row, and a
+    proxy's listen and admin_listen must differ."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.append(port)
+            return port
 
 
 def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
