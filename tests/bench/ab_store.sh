@@ -53,7 +53,7 @@ main() {
 	start_pg "-c fsync=on -c synchronous_commit=on -c full_page_writes=on -c max_wal_size=8GB -c checkpoint_timeout=1h"
 	local pg
 	pg=$(pg_pid)
-	local names=() v name schemas script f
+	local names=() v name schemas script
 	for v in "$@"; do
 		name=${v%%=*}
 		schemas=${v#*=}
@@ -61,19 +61,7 @@ main() {
 		schemas=${schemas%:*}
 		names+=("$name")
 		printf -v "SCRIPT_$name" '%s' "$script"
-		q idemproxy "CREATE DATABASE ab_$name" >/dev/null
-		for f in ${schemas//,/ }; do
-			if [ "$f" = - ]; then
-				for s in sql/*.sql; do
-					# 003 needs the table the binary writes first.
-					[ "${s##*/}" != 003_tenant_sources.sql ] ||
-						q "ab_$name" "CREATE TABLE idemproxy_tenant_sources_003 (operation text, source text)" >/dev/null
-					psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres -d "ab_$name" -f "$s" >/dev/null
-				done
-			else
-				psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres -d "ab_$name" -f "$f" >/dev/null
-			fi
-		done
+		variant_db "ab_$name" "$schemas"
 	done
 	local r run=0 c0 c1 w0 w1 u0 u1 h0 h1 n log
 	: >"$TMP/res"

@@ -165,3 +165,23 @@ wait_children() {
 pg_pid() {
 	head -n 1 "$PG_DIR/data/postmaster.pid"
 }
+
+# variant_db DB SCHEMA[,SCHEMA...]: creates DB and applies the SCHEMA files
+# in order; "-" stands for sql/*.sql, the migrations (ab_store.sh,
+# cg_store.sh).
+variant_db() {
+	local db=$1 f s
+	psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d postgres -c "CREATE DATABASE $db" >/dev/null
+	for f in ${2//,/ }; do
+		if [ "$f" = - ]; then
+			for s in sql/*.sql; do
+				# 003 needs the table the binary writes first.
+				[ "${s##*/}" != 003_tenant_sources.sql ] ||
+					psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d "$db" -c "CREATE TABLE idemproxy_tenant_sources_003 (operation text, source text)" >/dev/null
+				psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres -d "$db" -f "$s" >/dev/null
+			done
+		else
+			psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres -d "$db" -f "$f" >/dev/null
+		fi
+	done
+}
