@@ -30,7 +30,8 @@ $(BUILD)/%.o: src/%.c $(wildcard include/*.h) | $(BUILD)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 # The migrations are compiled into the binary so a deployment needs no sql/ dir.
-$(BUILD)/migrations.c: $(MIGRATIONS) scripts/embed-sql.sh | $(BUILD)
+# sql itself is a prerequisite too: a migration removed or renamed changes it.
+$(BUILD)/migrations.c: $(MIGRATIONS) sql scripts/embed-sql.sh | $(BUILD)
 	scripts/embed-sql.sh $(MIGRATIONS) > $@
 
 $(BUILD)/migrations.o: $(BUILD)/migrations.c
