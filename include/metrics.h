@@ -30,6 +30,11 @@ void metrics_set_waiters(int n);
 void metrics_observe_wait_ms(double ms);
 void metrics_wait_outcome(const char *route, const char *outcome);
 
+/* The pool whose queue and busy workers the gauges show (NULL: none, set
+ * before the pool stops). */
+struct worker_pool;
+void metrics_set_worker_pool(struct worker_pool *p);
+
 void metrics_render(ip_buf *out);
 
 #endif

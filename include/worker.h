@@ -24,6 +24,8 @@ bool worker_pool_submit(worker_pool *p, void *item) IP_WUR;
 void worker_pool_set_queue_size(worker_pool *p, int queue_size);
 /* Items queued or being handled. */
 int worker_pool_busy(worker_pool *p);
+/* Items waiting for a worker, and workers handling one. */
+void worker_pool_counts(worker_pool *p, int *queued, int *active);
 /* Lets the queued items finish, then joins the threads. */
 void worker_pool_stop(worker_pool *p);
 

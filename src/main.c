@@ -15,6 +15,7 @@
 #include "config.h"
 #include "http_front.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify_listen.h"
 #include "proxy.h"
 #include "reaper.h"
@@ -278,6 +279,7 @@ static int serve(config *cfg)
 	worker_pool *pool =
 		worker_pool_start(cfg->workers, cfg->queue_size, &ops);
 	running.pool = pool;
+	metrics_set_worker_pool(pool);
 	front_opts fo = {
 		.listen = cfg->listen,
 		.max_connections = cfg->max_connections,
@@ -292,6 +294,7 @@ static int serve(config *cfg)
 	http_front *front = http_front_start(&fo, err, sizeof err);
 	if (!front) {
 		fprintf(stderr, "idemproxy: %s\n", err);
+		metrics_set_worker_pool(NULL);
 		worker_pool_stop(pool);
 		admin_stop(adm);
 		goto fail;
@@ -339,6 +342,7 @@ static int serve(config *cfg)
 	http_front_stop(front);
 	admin_stop(adm);
 	reaper_stop(rp);
+	metrics_set_worker_pool(NULL);
 	worker_pool_stop(pool);
 	notify_listen_stop(nl);
 	waiters_stop(wt);

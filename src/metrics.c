@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "busy.h"
+#include "worker.h"
 
 /* Counters and histograms are kept per thread: each thread writes only its
  * own shard, without a lock (relaxed atomics, so a scrape reads whole
@@ -158,6 +159,17 @@ void metrics_wait_outcome(const char *route, const char *outcome)
 	label_copy(o, sizeof o, outcome);
 	snprintf(l, sizeof l, "route=\"%s\",outcome=\"%s\"", r, o);
 	add(F_WAITS, l, 1);
+}
+
+/* Read at each scrape, under mu: metrics_set_worker_pool(NULL) waits for
+ * a scrape in progress, so the pool is never read after it stops. */
+static struct worker_pool *g_pool;
+
+void metrics_set_worker_pool(struct worker_pool *p)
+{
+	pthread_mutex_lock(&mu);
+	g_pool = p;
+	pthread_mutex_unlock(&mu);
 }
 
 void metrics_set_waiters(int n)
@@ -409,6 +421,16 @@ void metrics_render(ip_buf *out)
 				merged_hist(&h_wait, H_WAIT)};
 	for (int i = 0; i < N_HIST; i++)
 		render_histogram(out, &hs[i]);
+	int queued = 0, active = 0;
+	if (g_pool)
+		worker_pool_counts(g_pool, &queued, &active);
+	render_scalar(out, "idemproxy_requests_queued", "gauge",
+		      "Requests accepted and waiting for a worker (at most "
+		      "queue_size; more are answered 503 overloaded).",
+		      (double)queued);
+	render_scalar(out, "idemproxy_workers_busy", "gauge",
+		      "Workers handling a request (at most workers).",
+		      (double)active);
 	render_scalar(out, "idemproxy_waiters", "gauge",
 		      "Duplicates waiting for an attempt in flight.",
 		      (double)g_waiters);

@@ -199,6 +199,14 @@ int worker_pool_busy(worker_pool *p)
 	return n;
 }
 
+void worker_pool_counts(worker_pool *p, int *queued, int *active)
+{
+	pthread_mutex_lock(&p->mu);
+	*queued = p->count;
+	*active = p->active;
+	pthread_mutex_unlock(&p->mu);
+}
+
 void worker_pool_stop(worker_pool *p)
 {
 	if (!p)

@@ -106,15 +106,6 @@ def read_status(sock):
         sock.close()
 
 
-def through_the_event_thread(proxy):
-    """A request the event thread answers itself (no key: 400). A request
-    whose bytes were all sent before it has been handed to a worker or
-    queued by the time its answer is back: the event thread handles every
-    ready connection of a loop iteration before it waits again, and this
-    one's connection came after."""
-    assert_problem(proxy.post(PAY, json={"amount": 1}), 400,
-                   "idempotency_key_missing")
-
 def sighup_once_blocked(proc):
     """SIGHUP terminates a process that has not blocked it yet: wait until
     the main thread blocks it (SigBlk in /proc), then send it at once, so
@@ -169,6 +160,34 @@ def test_reload_resizes_the_replay_cache(make_proxy, stub, pg):
     assert len(stub.requests(key=key)) == 1
 
 
+def test_the_queue_gauges_show_waiting_requests_and_busy_workers(make_proxy, stub, pg):
+    """idemproxy_requests_queued counts requests waiting for a worker,
+    idemproxy_workers_busy the workers handling one; both fall back to 0."""
+    proxy = make_proxy(top={"workers": 1, "queue_size": 2})
+    assert metrics(proxy)["idemproxy_requests_queued"] == 0
+    assert metrics(proxy)["idemproxy_workers_busy"] == 0
+    stub.configure({"prefix": PAY, "gate": "hold"})
+    keys = [new_key() for _ in range(4)]
+    first = in_thread(lambda: pay(proxy, keys[0]))
+    stub.wait_for(1, key=keys[0])
+    assert metrics(proxy)["idemproxy_workers_busy"] == 1
+    queued = []
+    for i, k in enumerate(keys[1:3]):
+        queued.append(send_payment(proxy, k))
+        wait_until(lambda: metrics(proxy)["idemproxy_requests_queued"] == i + 1,
+                   what="request %d queued" % (i + 1))
+    assert_problem(pay(proxy, keys[3]), 503, "overloaded")
+    m = metrics(proxy)
+    assert (m["idemproxy_requests_queued"], m["idemproxy_workers_busy"]) == (2, 1)
+    stub.release("hold")
+    first[0].join(TIMEOUT * 2)
+    assert first[1]["r"].status_code == 201
+    assert [read_status(c) for c in queued] == [201, 201]
+    wait_until(lambda: metrics(proxy)["idemproxy_workers_busy"] == 0, what="workers idle")
+    assert metrics(proxy)["idemproxy_requests_queued"] == 0
+    assert [stub.count(key=k) for k in keys] == [1, 1, 1, 0]
+
+
 def test_reload_changes_the_queue_bound(make_proxy, stub, pg):
     proxy = make_proxy(top={"workers": 1, "queue_size": 1})
     stub.configure({"prefix": PAY, "gate": "hold"})
@@ -177,9 +196,11 @@ def test_reload_changes_the_queue_bound(make_proxy, stub, pg):
     stub.wait_for(1, key=keys[0])  # the one worker is busy
     reload(proxy, settings(proxy, pg, stub, workers=1, queue_size=3))
     queued = []
-    for k in keys[1:4]:
+    for i, k in enumerate(keys[1:4]):
         queued.append(send_payment(proxy, k))
-        through_the_event_thread(proxy)
+        wait_until(lambda: metrics(proxy)["idemproxy_requests_queued"] == i + 1,
+                   what="request %d queued" % (i + 1))
+    assert metrics(proxy)["idemproxy_workers_busy"] == 1
     # three wait: the fourth is over the new bound
     assert_problem(pay(proxy, keys[4]), 503, "overloaded")
     stub.release("hold")
