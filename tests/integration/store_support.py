@@ -76,3 +76,14 @@ def metric(proxy, name):
     m = metrics(proxy)
     assert name in m, "no %s on /metrics" % name
     return m[name]
+
+
+def undo_migration_008(pg):
+    """Takes a migrated store back to schema version 7: the state text
+    again, checked by the table's CHECK constraint as 001 made it."""
+    pg.execute("ALTER TABLE idempotency_records ALTER COLUMN state TYPE text")
+    pg.execute("DROP DOMAIN idem_state")
+    pg.execute("ALTER TABLE idempotency_records ADD CONSTRAINT "
+               "idempotency_records_state_check CHECK (state = ANY "
+               "(ARRAY['processing'::text, 'completed'::text, 'released'::text]))")
+    assert pg.execute("DELETE FROM schema_migrations WHERE version = 8") == 1

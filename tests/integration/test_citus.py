@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 
 from conftest import run_binary
 from helpers import assert_problem, is_replay, new_key, wait_until
-from store_support import metrics
+from store_support import metrics, undo_migration_008
 
 HOOKS = "/hooks/charge"
 
@@ -438,12 +438,7 @@ def test_migration_008_on_a_distributed_store(make_proxy, stub, pg, pg_cluster):
         assert r.status_code == 201
         first[t] = r.content
     assert proxy.stop() == 0
-    pg.execute("ALTER TABLE idempotency_records ALTER COLUMN state TYPE text")
-    pg.execute("DROP DOMAIN idem_state")
-    pg.execute("ALTER TABLE idempotency_records ADD CONSTRAINT "
-               "idempotency_records_state_check CHECK (state = ANY "
-               "(ARRAY['processing'::text, 'completed'::text, 'released'::text]))")
-    assert pg.execute("DELETE FROM schema_migrations WHERE version = 8") == 1
+    undo_migration_008(pg)
 
     r = run_binary(["-c", proxy.conf_path, "--migrate"])
     assert r.returncode == 0, r.stdout + r.stderr

@@ -16,7 +16,7 @@ from conftest import ADMIN_TOKEN, CITUS, ROOT, run_binary
 from helpers import TIMEOUT, assert_problem, is_replay, new_key, raw_request, wait_until
 from misbehaving import RawUpstream, Respond
 from pg_relay import PgRelay
-from store_support import PAY, insert_record, pay, reaper_pass
+from store_support import PAY, insert_record, pay, reaper_pass, undo_migration_008
 
 BODY = b'{"amount":100,"currency":"EUR"}'
 
@@ -322,12 +322,7 @@ def _store_at_version_7(make_proxy, pg):
     """The store as migration 007 left it: migrated by the proxy, then 008
     undone (the state back to text with the table's CHECK constraint)."""
     conf = make_proxy(start=False)
-    pg.execute("ALTER TABLE idempotency_records ALTER COLUMN state TYPE text")
-    pg.execute("DROP DOMAIN idem_state")
-    pg.execute("ALTER TABLE idempotency_records ADD CONSTRAINT "
-               "idempotency_records_state_check CHECK (state = ANY "
-               "(ARRAY['processing'::text, 'completed'::text, 'released'::text]))")
-    assert pg.execute("DELETE FROM schema_migrations WHERE version = 8") == 1
+    undo_migration_008(pg)
     return conf
 
 
