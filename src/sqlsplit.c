@@ -108,13 +108,9 @@ bool sql_next_statement(const char *sql, size_t *pos, const char **start,
 		} else if (s[0] == '/' && s[1] == '*') {
 			s = past_block_comment(s);
 		} else if (*s == '$' && (tag = dollar_tag(sql, s)) > 0) {
-			const char *close = NULL;
-			for (const char *t = s + tag; *t; t++)
-				if (*t == '$' && strncmp(t, s, tag) == 0) {
-					close = t;
-					break;
-				}
-			s = close ? close + tag : s + strlen(s);
+			const char *body = s + tag;
+			const char *close = memmem(body, strlen(body), s, tag);
+			s = close ? close + tag : body + strlen(body);
 		} else
 			s++;
 	}

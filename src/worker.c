@@ -191,20 +191,19 @@ void worker_pool_set_queue_size(worker_pool *p, int queue_size)
 	pthread_mutex_unlock(&p->mu);
 }
 
-int worker_pool_busy(worker_pool *p)
-{
-	pthread_mutex_lock(&p->mu);
-	int n = p->count + p->active;
-	pthread_mutex_unlock(&p->mu);
-	return n;
-}
-
 void worker_pool_counts(worker_pool *p, int *queued, int *active)
 {
 	pthread_mutex_lock(&p->mu);
 	*queued = p->count;
 	*active = p->active;
 	pthread_mutex_unlock(&p->mu);
+}
+
+int worker_pool_busy(worker_pool *p)
+{
+	int queued, active;
+	worker_pool_counts(p, &queued, &active);
+	return queued + active;
 }
 
 void worker_pool_stop(worker_pool *p)

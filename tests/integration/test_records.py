@@ -327,13 +327,12 @@ def _store_at_version_7(make_proxy, pg):
 
 
 @pytest.mark.no_replay_cache
-@pytest.mark.skipif(CITUS, reason="builds a plain store by hand")
 def test_migration_008_makes_the_state_a_domain_without_rewriting_the_records(
         make_proxy, stub, pg):
     """A store at schema version 7 with a completed, a released and an
     in-flight record: after --migrate the table is the same file (nothing
     rewritten), its CHECK constraint is gone, the state is the domain, and
-    each record answers as before: a replay, a forward, a 409."""
+    each record's claim answers as before: a replay, in flight, a takeover."""
     conf = _store_at_version_7(make_proxy, pg)
     done, released, busy = new_key("done"), new_key("released"), new_key("busy")
     insert_record(pg, done, state="completed", lease=None, status=201,

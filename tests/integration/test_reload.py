@@ -106,6 +106,11 @@ def read_status(sock):
         sock.close()
 
 
+def wait_queued(proxy, n):
+    wait_until(lambda: metrics(proxy)["idemproxy_requests_queued"] == n,
+               what="%d requests queued" % n)
+
+
 def sighup_once_blocked(proc):
     """SIGHUP terminates a process that has not blocked it yet: wait until
     the main thread blocks it (SigBlk in /proc), then send it at once, so
@@ -174,8 +179,7 @@ def test_the_queue_gauges_show_waiting_requests_and_busy_workers(make_proxy, stu
     queued = []
     for i, k in enumerate(keys[1:3]):
         queued.append(send_payment(proxy, k))
-        wait_until(lambda: metrics(proxy)["idemproxy_requests_queued"] == i + 1,
-                   what="request %d queued" % (i + 1))
+        wait_queued(proxy, i + 1)
     assert_problem(pay(proxy, keys[3]), 503, "overloaded")
     m = metrics(proxy)
     assert (m["idemproxy_requests_queued"], m["idemproxy_workers_busy"]) == (2, 1)
@@ -198,8 +202,7 @@ def test_reload_changes_the_queue_bound(make_proxy, stub, pg):
     queued = []
     for i, k in enumerate(keys[1:4]):
         queued.append(send_payment(proxy, k))
-        wait_until(lambda: metrics(proxy)["idemproxy_requests_queued"] == i + 1,
-                   what="request %d queued" % (i + 1))
+        wait_queued(proxy, i + 1)
     assert metrics(proxy)["idemproxy_workers_busy"] == 1
     # three wait: the fourth is over the new bound
     assert_problem(pay(proxy, keys[4]), 503, "overloaded")
