@@ -28,11 +28,15 @@ bench-deps:
 
 bench-build:
 	@$(MAKE) --no-print-directory BUILD=$(BENCH_BIN) OPT='-O2 -g' \
-		$(BENCH_BIN)/idemproxy $(BENCH_BIN)/stub_upstream
+		$(BENCH_BIN)/idemproxy $(BENCH_BIN)/stub_upstream \
+		$(BENCH_BIN)/wake_cost
 
 # The stub needs only the allocation and buffer helpers.
 $(BUILD)/stub_upstream: tests/bench/stub_upstream.c $(BUILD)/util.o
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/util.o -lpthread
+
+$(BUILD)/wake_cost: tests/bench/wake_cost.c
+	$(CC) $(CFLAGS) -o $@ $< -lpthread
 
 bench: bench-deps
 	@$(MAKE) --no-print-directory bench-build

@@ -212,9 +212,19 @@ def targets(rows, rss, dups, a):
     return "\n".join(out) + "\n"
 
 
+def load_wake(data):
+    """wake.txt: tests/bench/wake_cost.c's key=value line, or None."""
+    try:
+        with open(os.path.join(data, "wake.txt")) as f:
+            pairs = dict(kv.split("=", 1) for kv in f.read().split())
+        return {k: float(v) for k, v in pairs.items()}
+    except (OSError, ValueError):
+        return None
+
+
 def table(rows):
     out = ["| scenario | target | conns | req/s | p50 | p99 | "
-           "PostgreSQL CPU/req | proxy CPU/req | errors |",
+           "PostgreSQL CPU/req | proxy (or pgbench) CPU/req | errors |",
            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         scenario = r["scenario"]
@@ -258,8 +268,33 @@ def notes(rows, rss, a):
                "0.2 s after its clients connected, over the transactions "
                "that ended after that (its backends' exit included); "
                "proxy: idemproxy's "
-               "process (all threads), or nginx's master and workers. "
-               "wrk, pgbench and the stub are not counted.")
+               "process (all threads), or nginx's master and workers; "
+               "in pgbench rows, pgbench's own process, sampled every "
+               "50 ms from the same start until it exits, over the "
+               "transactions that ended within the samples. wrk and the "
+               "stub are not counted.")
+    wake = load_wake(a.data)
+    if wake:
+        out.append("- wake-ups on this machine (tests/bench/wake_cost.c, "
+                   "before PostgreSQL starts): a thread waking another "
+                   "that sleeps in read(2) costs %.1f us of CPU per wake-up "
+                   "(%.1f us elapsed) where the scheduler places them, "
+                   "%.1f us (%.1f us) with both on one CPU. Every CPU "
+                   "figure above includes such wake-ups: each statement, "
+                   "request or answer that finds its receiver asleep pays "
+                   "one."
+                   % (wake["any_cpu_us"], wake["any_wall_us"],
+                      wake["one_cpu_us"], wake["one_wall_us"]))
+    raw16, f16 = find(rows, "raw-c16"), find(rows, "fresh-c16")
+    if raw16 and f16 and raw16["cpu_px"] and f16["cpu_px"]:
+        out.append("- 16 connections: pgbench spent %s per raw pair (two "
+                   "statements and their answers, its connections driven "
+                   "by one event loop per thread); idemproxy %s per fresh "
+                   "key (the client's request and answer, the same two "
+                   "statements, the upstream's request and answer) = "
+                   "%.2f x pgbench."
+                   % (us(raw16["cpu_px"]), us(f16["cpu_px"]),
+                      f16["cpu_px"] / raw16["cpu_px"]))
     raw16, pg16 = find(rows, "raw-c16"), find(rows, "pgbench-c16")
     if raw16 and pg16:
         out.append("- the store's schema and statements, 16 clients: "

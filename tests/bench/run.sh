@@ -510,14 +510,32 @@ pgbench_exec() {
 	sleep 0.2
 	t0=$(date +%s%6N)
 	cpu_start 1
+	# pgbench's own CPU (the C client sending the same statements, its
+	# connections driven by one event loop per thread), sampled until it
+	# exits: the last sample and the transactions that ended before it.
+	local sampler=$TMP/pgb-cpu.txt
+	(while c=$(cpu_s "$PGB_PID" 2>/dev/null); do
+		echo "$(date +%s%6N) $c"
+		sleep 0.05
+	done) >"$sampler" &
+	local sampler_pid=$!
 	wait "$PGB_PID" || die "pgbench failed (see $log)"
 	PGB_PID=""
+	wait "$sampler_pid" 2>/dev/null || true
 	# pgbench's backends finish exiting after it: count their exit too.
 	for _ in $(seq 50); do
 		[ "$(client_backends)" -le "$backends" ] && break
 		sleep 0.1
 	done
 	cpu_stop "$id" "$(cat "$TMP"/pgb.* | awk -v t0="$t0" '$5 * 1000000 + $6 >= t0 { n++ } END { print n + 0 }')"
+	local first last
+	first=$(grep -E '^[0-9]+ [0-9.]+$' "$sampler" | head -n 1)
+	last=$(grep -E '^[0-9]+ [0-9.]+$' "$sampler" | tail -n 1)
+	if [ "$RECORD" = 1 ] && [ -n "$first" ] && [ "$first" != "$last" ]; then
+		echo "$(awk -v a="${first#* }" -v b="${last#* }" 'BEGIN { print b - a }') $(cat "$TMP"/pgb.* |
+			awk -v t0="${first% *}" -v t1="${last% *}" '{ t = $5 * 1000000 + $6 } t >= t0 && t <= t1 { n++ } END { print n + 0 }')" \
+			>>"$DATA/$id.cpu"
+	fi
 	P_N=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$log" | tail -n 1)
 	failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$log" | tail -n 1)
 	tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' "$log" | tail -n 1)
@@ -642,7 +660,8 @@ main() {
 	for tool in wrk nginx pgbench psql curl; do
 		command -v "$tool" >/dev/null 2>&1 || die "$tool is missing: run \`make bench-deps\`"
 	done
-	[ -x "$BIN/idemproxy" ] && [ -x "$BIN/stub_upstream" ] || die "run \`make bench\` (it builds $BIN first)"
+	[ -x "$BIN/idemproxy" ] && [ -x "$BIN/stub_upstream" ] && [ -x "$BIN/wake_cost" ] ||
+		die "run \`make bench\` (it builds $BIN first)"
 	rm -rf "$LOGS" "$DATA"
 	rm -f "$OUT/results.md"
 	mkdir -p "$LOGS" "$DATA"
@@ -656,6 +675,9 @@ main() {
 
 	LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 	note "machine: $(nproc) cpus, load average $LOAD_START"
+	# What one wake-up costs here, before anything else runs.
+	"$BIN/wake_cost" 1 >"$DATA/wake.txt" || die "wake_cost failed"
+	note "wake-ups: $(cat "$DATA/wake.txt")"
 	# Production-like durability: every commit waits for its WAL flush.
 	start_pg "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
 	start_stub
