@@ -8,6 +8,9 @@
 #                       under callgrind; build-bench/profile.txt
 #   make bench-syscalls system calls and context switches per fresh-key
 #                       request (perf stat, strace -c); build-bench/syscalls.txt
+#   make bench-model    idemproxy's CPU per fresh key beside a model of an
+#                       event-driven first attempt (evloop_model.c) and
+#                       pgbench's own CPU per raw pair; build-bench/model.md
 #   make bench-citus    the store's rows on a plain PostgreSQL and on a Citus
 #                       coordinator with two workers on this machine, with
 #                       their ratios (needs citus.so); build-bench/citus.md.
@@ -21,7 +24,7 @@ BENCH_BIN := $(BENCH_OUT)/bin
 
 BENCH_CITUS ?=
 
-.PHONY: bench bench-profile bench-syscalls bench-deps bench-build bench-citus
+.PHONY: bench bench-profile bench-syscalls bench-model bench-deps bench-build bench-citus
 
 bench-deps:
 	@tests/bench/deps.sh
@@ -29,7 +32,7 @@ bench-deps:
 bench-build:
 	@$(MAKE) --no-print-directory BUILD=$(BENCH_BIN) OPT='-O2 -g' \
 		$(BENCH_BIN)/idemproxy $(BENCH_BIN)/stub_upstream \
-		$(BENCH_BIN)/wake_cost
+		$(BENCH_BIN)/wake_cost $(BENCH_BIN)/evloop_model
 
 # The stub needs only the allocation and buffer helpers.
 $(BUILD)/stub_upstream: tests/bench/stub_upstream.c $(BUILD)/util.o
@@ -37,6 +40,9 @@ $(BUILD)/stub_upstream: tests/bench/stub_upstream.c $(BUILD)/util.o
 
 $(BUILD)/wake_cost: tests/bench/wake_cost.c
 	$(CC) $(CFLAGS) -o $@ $< -lpthread
+
+$(BUILD)/evloop_model: tests/bench/evloop_model.c
+	$(CC) $(CFLAGS) -o $@ $< -lpq
 
 bench: bench-deps
 	@$(MAKE) --no-print-directory bench-build
@@ -54,3 +60,7 @@ bench-profile: bench-deps
 bench-syscalls: bench-deps
 	@$(MAKE) --no-print-directory bench-build
 	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/syscalls.sh
+
+bench-model: bench-deps
+	@$(MAKE) --no-print-directory bench-build
+	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/model.sh

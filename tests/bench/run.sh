@@ -221,24 +221,6 @@ settle() {
 	note "idemproxy did not settle"
 }
 
-# Sets B_NAME for each NAME=value of a wrk result line (without forking:
-# on a loaded machine every process costs tens of milliseconds).
-parse_bench() {
-	local kv
-	for kv in ${1#BENCH }; do
-		printf -v "B_${kv%%=*}" '%s' "${kv#*=}"
-	done
-}
-
-# Sets S_NAME for each "NAME":number of the stub's flat JSON object.
-parse_stub() {
-	local s=${1//[\{\}\"]/} kv parts
-	IFS=, read -ra parts <<<"$s"
-	for kv in "${parts[@]}"; do
-		printf -v "S_${kv%%:*}" '%s' "${kv#*:}"
-	done
-}
-
 rss_kb() {
 	awk '/^VmRSS:/ { print $2 }' "/proc/$PROXY_PID/status"
 }
