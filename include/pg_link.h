@@ -40,6 +40,15 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err,
  * so drop a connection that broke. True if it was dropped. */
 bool pg_link_drop_if_broken(pg_link *l);
 
+/* After a PQsend* call (sent: whether it returned 1): its results, the
+ * last one returned as PQexec would. On a fiber the answer is awaited
+ * through the scheduler (fiber.h), on a plain thread as PQexec does.
+ * NULL when nothing was sent. Connections made on a fiber are in
+ * nonblocking mode. */
+PGresult *pg_link_result(PGconn *c, bool sent);
+/* PQexec, the same way. */
+PGresult *pg_link_exec(PGconn *c, const char *sql);
+
 /* Server notices (NOTICE, WARNING) are not printed on stderr. */
 void pg_link_quiet(PGconn *c);
 

@@ -18,6 +18,11 @@ typedef struct worker_ops {
 
 worker_pool *worker_pool_start(int threads, int queue_size,
 			       const worker_ops *ops);
+/* The same workers as fibers on one scheduler thread (fiber.h), each with
+ * a stack of `stack` bytes: handle() must wait only through fiber-aware
+ * calls (fiber_wait_fd), never block the thread. */
+worker_pool *worker_pool_start_fibers(int workers, int queue_size,
+				      const worker_ops *ops, size_t stack);
 /* False (item not taken) when the queue is full or the pool is stopping. */
 bool worker_pool_submit(worker_pool *p, void *item) IP_WUR;
 /* A new bound for items waiting (a reload); what already waits stays. */

@@ -43,7 +43,13 @@ san_make = env -u CFLAGS $(MAKE) --no-print-directory CC=$(SAN_CC) BUILD=$(1) \
 	OPT='$(2)'
 
 # Prints every report file in $(1) and fails if there is one.
+# ASan says once per process that it does not fully support swapcontext
+# (the worker fibers switch stacks with it, and tell ASan each time, see
+# src/fiber.c): a report with nothing else in it is not a finding.
+SAN_NOTICE := fully support makecontext/swapcontext functions
+
 san_reports = found=0; for f in $(1)/*; do [ -f "$$f" ] || continue; \
+	grep -qv -e '$(SAN_NOTICE)' "$$f" || continue; \
 	found=1; echo "==================== sanitizer report $$f"; cat "$$f"; \
 	done; if [ $$found = 1 ]; then echo "$(2): sanitizer reports above (in $(1))"; \
 	exit 1; fi

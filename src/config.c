@@ -948,6 +948,8 @@ static const cfg_choice cfg_store_body[] = {
 	{"full", 0}, {"status_only", 1}, {NULL, 0}};
 static const cfg_choice cfg_in_flight[] = {
 	{"reject", 0}, {"wait", 1}, {NULL, 0}};
+static const cfg_choice cfg_worker_models[] = {
+	{"threads", 0}, {"fibers", 1}, {NULL, 0}};
 static const cfg_choice cfg_mismatch[] = {
 	{"409", 409}, {"422", 422}, {NULL, 0}};
 
@@ -971,6 +973,9 @@ static const cfg_opt cfg_top[] = {
 	 .off = C_(admin_token), .reload = CFG_APPLY},
 	{.name = "workers", .conv = cfg_conv_int, .def = "16", .min = 1,
 	 .max = 1024, .off = C_(workers), .reload = CFG_RESTART},
+	{.name = "worker_model", .conv = cfg_conv_flag, .def = "\"fibers\"",
+	 .off = C_(worker_fibers), .choices = cfg_worker_models,
+	 .reload = CFG_RESTART},
 	{.name = "queue_size", .conv = cfg_conv_int, .def = "1024", .min = 1,
 	 .max = 1048576, .off = C_(queue_size), .reload = CFG_APPLY},
 	{.name = "max_connections", .conv = cfg_conv_int, .def = "1024",

@@ -276,8 +276,16 @@ static int serve(config *cfg)
 			goto fail;
 		}
 	}
+	/* A worker's deepest stack (OpenSSL, libcurl, libpq, jansson, our
+	 * own buffers) stays well inside this; the guard page below it
+	 * faults rather than overflow. */
 	worker_pool *pool =
-		worker_pool_start(cfg->workers, cfg->queue_size, &ops);
+		cfg->worker_fibers
+			? worker_pool_start_fibers(cfg->workers,
+						   cfg->queue_size, &ops,
+						   (size_t)1 << 20)
+			: worker_pool_start(cfg->workers, cfg->queue_size,
+					    &ops);
 	running.pool = pool;
 	metrics_set_worker_pool(pool);
 	front_opts fo = {

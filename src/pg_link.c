@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fiber.h"
 #include "log.h"
 
 void pg_link_init(pg_link *l, const char *url, const char *app,
@@ -58,12 +59,97 @@ void pg_link_set_statement_timeout(pg_link *l, int64_t ms)
 	l->statement_timeout_ms = ms;
 }
 
+/* --- waiting on a fiber ------------------------------------------------ */
+
+PGresult *pg_link_result(PGconn *c, bool sent)
+{
+	if (!fiber_current()) {
+		/* a plain thread: as PQexec does */
+		PGresult *last = NULL, *r;
+		while (sent && (r = PQgetResult(c))) {
+			PQclear(last);
+			last = r;
+		}
+		return last;
+	}
+	if (!sent)
+		return NULL;
+	int sock = PQsocket(c);
+	/* what the send left in libpq's buffer (nonblocking connections) */
+	for (;;) {
+		int f = PQflush(c);
+		if (f <= 0)
+			break;
+		int got = fiber_wait_fd(sock, FIBER_IN | FIBER_OUT, -1);
+		if ((got & FIBER_IN) && !PQconsumeInput(c))
+			break;
+	}
+	PGresult *last = NULL;
+	for (;;) {
+		while (PQisBusy(c) && PQstatus(c) == CONNECTION_OK) {
+			fiber_wait_fd(sock, FIBER_IN, -1);
+			if (!PQconsumeInput(c))
+				break;
+		}
+		PGresult *r = PQgetResult(c);
+		if (!r)
+			break;
+		PQclear(last);
+		last = r;
+	}
+	return last;
+}
+
+PGresult *pg_link_exec(PGconn *c, const char *sql)
+{
+	if (!fiber_current())
+		return PQexec(c, sql);
+	return pg_link_result(c, PQsendQuery(c, sql) == 1);
+}
+
+/* PQconnectdbParams, waiting through the scheduler on a fiber. libpq
+ * ignores connect_timeout when polled: the deadline is ours, from the
+ * connection's own setting. */
+static PGconn *connect_params(const char *const *keys,
+			      const char *const *vals, const char **why)
+{
+	*why = NULL;
+	if (!fiber_current())
+		return PQconnectdbParams(keys, vals, 1);
+	PGconn *c = PQconnectStartParams(keys, vals, 1);
+	if (!c || PQstatus(c) == CONNECTION_BAD)
+		return c;
+	double deadline = -1;
+	PQconninfoOption *opts = PQconninfo(c);
+	for (PQconninfoOption *o = opts; o && o->keyword; o++)
+		if (!strcmp(o->keyword, "connect_timeout") && o->val &&
+		    atoi(o->val) > 0)
+			deadline = ip_now_ms() + 1000.0 * atoi(o->val);
+	PQconninfoFree(opts);
+	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
+	while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {
+		int ev = st == PGRES_POLLING_READING ? FIBER_IN : FIBER_OUT;
+		if (!fiber_wait_fd(PQsocket(c), ev, deadline)) {
+			/* libpq's own words for it */
+			*why = "timeout expired";
+			PQfinish(c);
+			return NULL;
+		}
+		st = PQconnectPoll(c);
+	}
+	if (st == PGRES_POLLING_OK && PQsetnonblocking(c, 1)) {
+		PQfinish(c);
+		return NULL;
+	}
+	return c;
+}
+
 static int set_timeout(pg_link *l, PGconn *c, char *err, size_t errlen)
 {
 	char sql[64];
 	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
 		 (long long)l->statement_timeout_ms);
-	PGresult *r = PQexec(c, sql);
+	PGresult *r = pg_link_exec(c, sql);
 	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
 		pg_link_err(err, errlen, "set", PQresultErrorMessage(r));
 		PQclear(r);
@@ -93,10 +179,12 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 			      "application_name", "dbname", NULL};
 	const char *vals[] = {"3", "1", "10", "5", "3", "10000", l->app,
 			      l->url, NULL};
-	PGconn *c = PQconnectdbParams(keys, vals, 1);
+	const char *why;
+	PGconn *c = connect_params(keys, vals, &why);
 	if (!c || PQstatus(c) != CONNECTION_OK) {
 		pg_link_err(err, errlen, "connect",
-			    c ? PQerrorMessage(c) : "out of memory");
+			    c ? PQerrorMessage(c)
+			      : why ? why : "out of memory");
 		if (c)
 			PQfinish(c);
 		mark_down(l, err);

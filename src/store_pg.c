@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "busy.h"
+#include "fiber.h"
 #include "migrations.h"
 #include "pg_link.h"
 #include "sqlsplit.h"
@@ -365,9 +366,11 @@ int store_ensure(store *s, char *err, size_t errlen)
 		/* run_command_on_shards exists only with Citus. */
 		if ((i == ST_PER_SHARD || i == ST_SHARD_WALK) && !s->citus)
 			continue;
-		PGresult *r = PQprepare(s->link.conn, stmts[i].name,
-					stmts[i].sql, stmts[i].nparams,
-					stmts[i].types);
+		PGresult *r = pg_link_result(
+			s->link.conn,
+			PQsendPrepare(s->link.conn, stmts[i].name,
+				      stmts[i].sql, stmts[i].nparams,
+				      stmts[i].types) == 1);
 		int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen,
 				 "prepare");
 		PQclear(r);
@@ -414,6 +417,11 @@ static PGresult *run(store *s, int st, const char *const *vals,
 {
 	PGconn *c = s->link.conn;
 	double deadline;
+	if (fiber_current())
+		return pg_link_result(
+			c, PQsendQueryPrepared(c, stmts[st].name,
+					       stmts[st].nparams, vals, lens,
+					       fmts, result_binary) == 1);
 	if (!busy_spin(&deadline))
 		return PQexecPrepared(c, stmts[st].name, stmts[st].nparams,
 				      vals, lens, fmts, result_binary);

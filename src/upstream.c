@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "busy.h"
+#include "fiber.h"
 #include "log.h"
 #include "metrics.h"
 
@@ -22,6 +23,9 @@
  * outcome, since we never resend). */
 #define UPSTREAM_MAX_IDLE_S 2L
 #define UPSTREAM_CONNECT_TIMEOUT_MS 3000L
+/* Sockets one transfer has libcurl watch at once: its connection, a
+ * resolver's, a second address being tried. */
+#define UPSTREAM_MAX_WATCH 8
 
 struct upstream {
 	CURL *h;
@@ -50,6 +54,11 @@ struct upstream {
 	size_t cap_nodes;
 	ip_buf hdr_text;
 	ip_buf url;
+	/* On a fiber (fiber.h) the transfer is driven by libcurl's socket
+	 * interface: the sockets it wants watched and its timer. */
+	int wfd[UPSTREAM_MAX_WATCH], wev[UPSTREAM_MAX_WATCH], n_watch;
+	long timer_ms; /* -1: none */
+	double timer_at;
 };
 
 int upstream_global_init(void)
@@ -289,14 +298,61 @@ static size_t on_body(char *buf, size_t size, size_t n, void *p)
 	return len;
 }
 
+static int on_watch(CURL *e, curl_socket_t fd, int what, void *p, void *sp)
+{
+	(void)e;
+	(void)sp;
+	upstream *u = p;
+	int i = 0;
+	while (i < u->n_watch && u->wfd[i] != fd)
+		i++;
+	if (what == CURL_POLL_REMOVE) {
+		if (i < u->n_watch) {
+			u->n_watch--;
+			u->wfd[i] = u->wfd[u->n_watch];
+			u->wev[i] = u->wev[u->n_watch];
+		}
+		return 0;
+	}
+	if (i == u->n_watch) {
+		if (u->n_watch == UPSTREAM_MAX_WATCH)
+			return -1; /* fails the transfer */
+		u->n_watch++;
+		u->wfd[i] = fd;
+	}
+	u->wev[i] = (what & CURL_POLL_IN ? FIBER_IN : 0) |
+		    (what & CURL_POLL_OUT ? FIBER_OUT : 0);
+	return 0;
+}
+
+static int on_timer(CURLM *m, long timeout_ms, void *p)
+{
+	(void)m;
+	upstream *u = p;
+	u->timer_ms = timeout_ms;
+	u->timer_at = ip_now_ms();
+	return 0;
+}
+
+static void new_multi(upstream *u)
+{
+	u->m = curl_multi_init();
+	IP_ASSERT(u->m);
+	u->n_watch = 0;
+	u->timer_ms = -1;
+	curl_multi_setopt(u->m, CURLMOPT_SOCKETFUNCTION, on_watch);
+	curl_multi_setopt(u->m, CURLMOPT_SOCKETDATA, u);
+	curl_multi_setopt(u->m, CURLMOPT_TIMERFUNCTION, on_timer);
+	curl_multi_setopt(u->m, CURLMOPT_TIMERDATA, u);
+}
+
 upstream *upstream_new(void)
 {
 	upstream *u = xcalloc(1, sizeof *u);
 	CURL *h = curl_easy_init();
 	IP_ASSERT(h);
 	u->h = h;
-	u->m = curl_multi_init();
-	IP_ASSERT(u->m);
+	new_multi(u);
 	/* Set once: the handle is reused for every attempt of this worker
 	 * (and keeps its keep-alive connections). */
 	curl_easy_setopt(h, CURLOPT_PATH_AS_IS, 1L);
@@ -389,8 +445,69 @@ static void set_method(CURL *h, const upstream_req *req)
  * the exchange is driven without sleeping until the budget is spent, then
  * by waiting in curl_multi_poll, which never waits past curl's own timers
  * (so the timeouts hold either way). */
+/* Still attached after a complete response: the connection just used, if
+ * it is kept. Bytes already waiting mean its framing was off. */
+static void check_framing(upstream *u, CURLcode rc)
+{
+	curl_socket_t fd = CURL_SOCKET_BAD;
+	if (rc == CURLE_OK &&
+	    curl_easy_getinfo(u->h, CURLINFO_ACTIVESOCKET, &fd) == CURLE_OK &&
+	    fd != CURL_SOCKET_BAD && unread_input(fd, true))
+		u->framing_off = true;
+}
+
+/* perform on a fiber: libcurl's socket interface, its sockets and timer
+ * awaited through the scheduler. */
+static CURLcode perform_fiber(upstream *u)
+{
+	if (curl_multi_add_handle(u->m, u->h) != CURLM_OK)
+		return CURLE_FAILED_INIT;
+	CURLcode rc = CURLE_RECV_ERROR;
+	int running = 1;
+	bool ok = curl_multi_socket_action(u->m, CURL_SOCKET_TIMEOUT, 0,
+					   &running) == CURLM_OK;
+	while (ok && running) {
+		int n = u->n_watch, fds[UPSTREAM_MAX_WATCH],
+		    evs[UPSTREAM_MAX_WATCH], ready[UPSTREAM_MAX_WATCH];
+		memcpy(fds, u->wfd, (size_t)n * sizeof *fds);
+		memcpy(evs, u->wev, (size_t)n * sizeof *evs);
+		/* as curl_multi_poll: never past libcurl's timer, and never
+		 * more than a second without asking it */
+		double deadline = ip_now_ms() + 1000.0;
+		if (u->timer_ms >= 0 && u->timer_at + (double)u->timer_ms <
+						deadline)
+			deadline = u->timer_at + (double)u->timer_ms;
+		int got = u->timer_ms == 0 ? 0
+					    : fiber_wait_fds(n, fds, evs, ready,
+							     deadline);
+		if (!got) {
+			u->timer_ms = -1;
+			ok = curl_multi_socket_action(u->m, CURL_SOCKET_TIMEOUT,
+						      0, &running) == CURLM_OK;
+			continue;
+		}
+		for (int i = 0; ok && i < n; i++) {
+			if (!ready[i])
+				continue;
+			int ev = (ready[i] & FIBER_IN ? CURL_CSELECT_IN : 0) |
+				 (ready[i] & FIBER_OUT ? CURL_CSELECT_OUT : 0);
+			ok = curl_multi_socket_action(u->m, fds[i], ev,
+						      &running) == CURLM_OK;
+		}
+	}
+	int left;
+	CURLMsg *m = curl_multi_info_read(u->m, &left);
+	if (m && m->msg == CURLMSG_DONE)
+		rc = m->data.result;
+	check_framing(u, rc);
+	curl_multi_remove_handle(u->m, u->h);
+	return rc;
+}
+
 static CURLcode perform(upstream *u)
 {
+	if (fiber_current())
+		return perform_fiber(u);
 	if (curl_multi_add_handle(u->m, u->h) != CURLM_OK)
 		return CURLE_FAILED_INIT;
 	double deadline, t0 = ip_now_ms();
@@ -405,15 +522,7 @@ static CURLcode perform(upstream *u)
 			CURLMsg *m = curl_multi_info_read(u->m, &left);
 			if (m && m->msg == CURLMSG_DONE)
 				rc = m->data.result;
-			/* Still attached: the connection just used, if it is
-			 * kept. Bytes already waiting after a complete
-			 * response mean its framing was off. */
-			curl_socket_t fd = CURL_SOCKET_BAD;
-			if (rc == CURLE_OK &&
-			    curl_easy_getinfo(u->h, CURLINFO_ACTIVESOCKET,
-					      &fd) == CURLE_OK &&
-			    fd != CURL_SOCKET_BAD && unread_input(fd, true))
-				u->framing_off = true;
+			check_framing(u, rc);
 			break;
 		}
 		if (spin && ip_now_ms() < deadline) {
@@ -434,8 +543,7 @@ static CURLcode perform(upstream *u)
 static void drop_connections(upstream *u)
 {
 	curl_multi_cleanup(u->m);
-	u->m = curl_multi_init();
-	IP_ASSERT(u->m);
+	new_multi(u);
 }
 
 /* Sends the request; when libcurl picked a connection with unread input,

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "busy.h"
+#include "fiber.h"
 
 /* Idle workers wait on their own semaphore, on a stack: the one that went
  * idle last is woken first. At low load the same few threads do all the
@@ -23,9 +24,14 @@
  * With busy polling on (busy.h), a worker that finds nothing to do while no
  * other request is with a worker polls the queue for a while before it
  * sleeps: at most one such spinner at a time, and the first request queued
- * meanwhile is left to it, without a wake-up. */
+ * meanwhile is left to it, without a wake-up.
+ *
+ * Fibers (worker_pool_start_fibers): the workers are fibers on one
+ * scheduler thread (fiber.h) instead of threads; an idle one parks instead
+ * of waiting on its semaphore, and busy polling is the scheduler's. */
 typedef struct slot {
 	sem_t wake;
+	fiber *f;   /* in fiber mode, the worker's fiber */
 	void *item; /* handed over by submit, NULL to stop */
 } slot;
 
@@ -39,6 +45,7 @@ struct worker_pool {
 	bool spinner;         /* a worker polls the queue */
 	int nthreads;
 	pthread_t *threads;
+	fiber_sched *sched; /* fiber mode */
 	slot *slots;
 	slot **idle;  /* stack of idle slots, most recent on top */
 	int nidle;
@@ -50,7 +57,7 @@ struct worker_pool {
 static void spin_for_work(worker_pool *p)
 {
 	double deadline;
-	if (p->spinner || !busy_spin_idle(&deadline))
+	if (p->sched || p->spinner || !busy_spin_idle(&deadline))
 		return;
 	p->spinner = true;
 	pthread_mutex_unlock(&p->mu);
@@ -92,7 +99,10 @@ static void *next_item(worker_pool *p, slot *me)
 		p->idle[p->nidle++] = me;
 		me->item = NULL;
 		pthread_mutex_unlock(&p->mu);
-		sem_wait_all(&me->wake);
+		if (p->sched)
+			fiber_park();
+		else
+			sem_wait_all(&me->wake);
 		/* submit popped this slot and counted the item active; stop
 		 * popped it too, and posts none. */
 		if (me->item)
@@ -101,12 +111,20 @@ static void *next_item(worker_pool *p, slot *me)
 	}
 }
 
-static void *worker_main(void *arg)
+static void wake_slot(worker_pool *p, slot *s)
 {
-	worker_pool *p = arg;
+	if (p->sched)
+		fiber_wake(s->f);
+	else
+		sem_post(&s->wake);
+}
+
+static void worker_run(worker_pool *p)
+{
 	pthread_mutex_lock(&p->mu);
 	int index = p->next_index++;
 	slot *me = &p->slots[index];
+	me->f = fiber_current();
 	pthread_mutex_unlock(&p->mu);
 	void *ctx = p->ops.init(p->ops.arg, index);
 
@@ -121,11 +139,36 @@ static void *worker_main(void *arg)
 		p->active--;
 	}
 	p->ops.fini(ctx);
+}
+
+static void *worker_thread(void *arg)
+{
+	worker_run(arg);
 	return NULL;
 }
 
-worker_pool *worker_pool_start(int threads, int queue_size,
-			       const worker_ops *ops)
+static void worker_fiber(void *arg)
+{
+	worker_run(arg);
+}
+
+/* The scheduler polls while at most one request is with a worker: that
+ * one's fiber waits for its store or its upstream, as a worker thread
+ * would poll its socket (busy.h). */
+static bool poll_ok(double *deadline)
+{
+	return busy_spin(deadline);
+}
+
+static void poll_relax(void)
+{
+	busy_relax();
+}
+
+static fiber_poll_hooks poll_hooks = {poll_ok, poll_relax, busy_account};
+
+static worker_pool *pool_new(int threads, int queue_size,
+			     const worker_ops *ops)
 {
 	worker_pool *p = xcalloc(1, sizeof *p);
 	pthread_mutex_init(&p->mu, NULL);
@@ -139,9 +182,27 @@ worker_pool *worker_pool_start(int threads, int queue_size,
 	p->idle = xcalloc((size_t)threads, sizeof *p->idle);
 	for (int i = 0; i < threads; i++)
 		IP_ASSERT(sem_init(&p->slots[i].wake, 0, 0) == 0);
+	return p;
+}
+
+worker_pool *worker_pool_start(int threads, int queue_size,
+			       const worker_ops *ops)
+{
+	worker_pool *p = pool_new(threads, queue_size, ops);
 	for (int i = 0; i < threads; i++)
-		IP_ASSERT(pthread_create(&p->threads[i], NULL, worker_main,
+		IP_ASSERT(pthread_create(&p->threads[i], NULL, worker_thread,
 					 p) == 0);
+	return p;
+}
+
+worker_pool *worker_pool_start_fibers(int workers, int queue_size,
+				      const worker_ops *ops, size_t stack)
+{
+	worker_pool *p = pool_new(workers, queue_size, ops);
+	p->sched = fiber_sched_start(stack);
+	fiber_sched_set_poll(p->sched, &poll_hooks);
+	for (int i = 0; i < workers; i++)
+		fiber_spawn(p->sched, worker_fiber, p);
 	return p;
 }
 
@@ -167,7 +228,7 @@ bool worker_pool_submit(worker_pool *p, void *item)
 	}
 	pthread_mutex_unlock(&p->mu);
 	if (s)
-		sem_post(&s->wake);
+		wake_slot(p, s);
 	return true;
 }
 
@@ -214,11 +275,14 @@ void worker_pool_stop(worker_pool *p)
 	p->stopping = true;
 	while (p->nidle > 0) {
 		slot *s = p->idle[--p->nidle];
-		sem_post(&s->wake);
+		wake_slot(p, s);
 	}
 	pthread_mutex_unlock(&p->mu);
-	for (int i = 0; i < p->nthreads; i++)
-		pthread_join(p->threads[i], NULL);
+	if (p->sched)
+		fiber_sched_join(p->sched);
+	else
+		for (int i = 0; i < p->nthreads; i++)
+			pthread_join(p->threads[i], NULL);
 	for (int i = 0; i < p->nthreads; i++)
 		sem_destroy(&p->slots[i].wake);
 	free(p->slots);

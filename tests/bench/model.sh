@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make bench-model`: idemproxy's CPU per fresh key beside a model of an
+# `make bench-model`: idemproxy's CPU per fresh key, with its workers as
+# fibers (the default) and as threads (worker_model), beside a model of an
 # event-driven first attempt (evloop_model.c: one thread, one epoll set,
 # libpq's asynchronous calls, idemproxy's own two statements for a new key,
 # the upstream over kept-alive sockets) and beside pgbench's own CPU per raw pair, all
@@ -36,6 +37,7 @@ TMP=""
 PG_DIR=""
 STUB_PID=""
 PROXY_PID=""
+THREADS_PID=""
 MODEL_PID=""
 
 # shellcheck source=tests/bench/lib.sh
@@ -47,6 +49,7 @@ cleanup() {
 	set +e
 	stop_pid "$MODEL_PID"
 	stop_pid "$PROXY_PID"
+	stop_pid "$THREADS_PID"
 	stop_pid "$STUB_PID"
 	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
 	[ -z "$TMP" ] || rm -rf "$TMP"
@@ -108,6 +111,13 @@ main() {
 	psql_db -f "$HERE/raw_pair_table.sql" >"$LOGS/raw_pair_table.log" 2>&1 ||
 		die "creating the raw pair's table failed (see $LOGS/raw_pair_table.log)"
 	start_proxy warn
+	local fibers_port=$PROXY_PORT fibers_pid=$PROXY_PID
+	PROXY_PORT=$(free_port)
+	ADMIN_PORT=$(free_port)
+	CONF_NAME=threads EXTRA_CONF='worker_model = "threads";' start_proxy warn
+	THREADS_PID=$PROXY_PID
+	local threads_port=$PROXY_PORT
+	PROXY_PID=$fibers_pid PROXY_PORT=$fibers_port
 	"$BIN/evloop_model" --upstream "$STUB_PORT" --slots "$WORKERS" \
 		--db "host=127.0.0.1 port=$PGPORT user=postgres dbname=idemproxy" \
 		>"$TMP/model.out" 2>"$LOGS/model.log" &
@@ -119,10 +129,11 @@ main() {
 	local model_port
 	model_port=$(head -n 1 "$TMP/model.out")
 	[ -n "$model_port" ] || die "the model did not start (see $LOGS/model.log)"
-	note "postgres :$PGPORT, stub :$STUB_PORT, idemproxy :$PROXY_PORT, model :$model_port; $CONNS connections, $SLICES x ${DUR}s each"
+	note "postgres :$PGPORT, stub :$STUB_PORT, idemproxy :$PROXY_PORT (threads :$threads_port), model :$model_port; $CONNS connections, $SLICES x ${DUR}s each"
 
 	# warm-up, not counted
 	DUR=2 wrk_slice "http://127.0.0.1:$PROXY_PORT/v1/payments" "$TAG-wp" >/dev/null
+	DUR=2 wrk_slice "http://127.0.0.1:$threads_port/v1/payments" "$TAG-wt" >/dev/null
 	DUR=2 wrk_slice "http://127.0.0.1:$model_port/v1/payments" "$TAG-wm" >/dev/null
 	stub_ctl POST reset >/dev/null
 
@@ -134,6 +145,13 @@ main() {
 		c1=$(cpu_s "$PROXY_PID") p1=$(tree_cpu_s "$PG_PID")
 		check_upstream "$n" "idemproxy slice $s"
 		printf 'idemproxy\t%s\t%s\t%s\n' "$n" "$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
+			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
+
+		c0=$(cpu_s "$THREADS_PID") p0=$(tree_cpu_s "$PG_PID")
+		n=$(wrk_slice "http://127.0.0.1:$threads_port/v1/payments" "$TAG-t$s")
+		c1=$(cpu_s "$THREADS_PID") p1=$(tree_cpu_s "$PG_PID")
+		check_upstream "$n" "idemproxy (threads) slice $s"
+		printf 'idemproxy, worker_model threads\t%s\t%s\t%s\n' "$n" "$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
 			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
 
 		rows0=$(psql_db -c "SELECT count(*) FROM idempotency_records WHERE state = 'completed'")
@@ -183,7 +201,8 @@ lines = ["# Event-driven model beside idemproxy", "",
          "| who | slices: requests or pairs per second | own CPU per request | PostgreSQL CPU per request |",
          "|---|---|---:|---:|"]
 per = {}
-for name in ("idemproxy", "model", "pgbench raw pair"):
+for name in ("idemproxy", "idemproxy, worker_model threads", "model",
+             "pgbench raw pair"):
     r = rows.get(name, [])
     n = sum(x[0] for x in r)
     if not n:
@@ -194,6 +213,9 @@ for name in ("idemproxy", "model", "pgbench raw pair"):
     rates = ", ".join("%.0f" % (x[0] / float(dur)) for x in r)
     lines.append("| %s | %s | %.0f µs | %.0f µs |" % (name, rates, cpu, pg))
 lines.append("")
+if "idemproxy" in per and "idemproxy, worker_model threads" in per:
+    lines.append("idemproxy fibers / threads, own CPU per request: %.2f."
+                 % (per["idemproxy"] / per["idemproxy, worker_model threads"]))
 if "idemproxy" in per and "model" in per:
     lines.append("idemproxy / model, own CPU per request: %.2f."
                  % (per["idemproxy"] / per["model"]))

@@ -984,7 +984,8 @@ static void test_every_setting_has_a_reload_rule(void **state)
 	config_each_setting(check_rule, &seen);
 	assert_true(seen.n >= 30);
 	assert_string_equal(seen.restart,
-			    "listen,admin_listen,workers,max_connections,"
+			    "listen,admin_listen,workers,worker_model,"
+			    "max_connections,"
 			    "max_connections_per_ip,max_header_size,"
 			    "database.url,database.distributed,");
 }

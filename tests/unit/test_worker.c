@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
+#include "fiber.h"
 #include "worker.h"
 
 /* Items are indexes into a table of counters: each must be handled once. */
@@ -16,7 +17,26 @@ static atomic_int handled[N_ITEMS];
 static atomic_int handled_total;
 static atomic_int gate_open; /* 0: handle() blocks until it is set */
 static atomic_int in_handle;
+static atomic_int most_in_handle;
 static atomic_int finished_threads;
+static bool use_fibers;
+
+/* A worker waits the way its mode lets it: a fiber through the scheduler,
+ * a thread by sleeping. */
+static void pause_us(int us)
+{
+	if (fiber_current())
+		fiber_wait_fds(0, NULL, NULL, NULL, ip_now_ms() + us / 1000.0);
+	else
+		usleep((useconds_t)us);
+}
+
+static worker_pool *start(int workers, int queue, const worker_ops *o)
+{
+	return use_fibers ? worker_pool_start_fibers(workers, queue, o,
+						     64 * 1024)
+			  : worker_pool_start(workers, queue, o);
+}
 
 static void *init(void *arg, int index)
 {
@@ -27,9 +47,16 @@ static void *init(void *arg, int index)
 static void handle(void *ctx, void *item)
 {
 	assert_true((intptr_t)ctx > 0);
-	atomic_fetch_add(&in_handle, 1);
+	assert_true(use_fibers == (fiber_current() != NULL));
+	int now = atomic_fetch_add(&in_handle, 1) + 1;
+	int most = atomic_load(&most_in_handle);
+	while (now > most &&
+	       !atomic_compare_exchange_weak(&most_in_handle, &most, now))
+		;
 	while (!atomic_load(&gate_open))
-		usleep(200);
+		pause_us(200);
+	if ((intptr_t)item % 16 == 0)
+		pause_us(100); /* an item that waits, as a request does */
 	atomic_fetch_add(&handled[(intptr_t)item - 1], 1);
 	atomic_fetch_add(&handled_total, 1);
 	atomic_fetch_sub(&in_handle, 1);
@@ -50,6 +77,7 @@ static void reset(int open)
 	atomic_store(&handled_total, 0);
 	atomic_store(&gate_open, open);
 	atomic_store(&in_handle, 0);
+	atomic_store(&most_in_handle, 0);
 	atomic_store(&finished_threads, 0);
 }
 
@@ -74,7 +102,7 @@ static void test_every_item_once(void **state)
 {
 	(void)state;
 	reset(1);
-	worker_pool *p = worker_pool_start(8, 4, &ops);
+	worker_pool *p = start(8, 4, &ops);
 	pthread_t t[4];
 	producer pr[4];
 	for (int i = 0; i < 4; i++) {
@@ -96,7 +124,7 @@ static void test_bound_busy_and_drain(void **state)
 {
 	(void)state;
 	reset(0);
-	worker_pool *p = worker_pool_start(2, 3, &ops);
+	worker_pool *p = start(2, 3, &ops);
 	assert_true(worker_pool_submit(p, (void *)1));
 	assert_true(worker_pool_submit(p, (void *)2));
 	while (atomic_load(&in_handle) < 2)
@@ -118,11 +146,37 @@ static void test_stop_idle(void **state)
 {
 	(void)state;
 	reset(1);
-	worker_pool *p = worker_pool_start(4, 8, &ops);
+	worker_pool *p = start(4, 8, &ops);
 	usleep(20000); /* let them go idle */
 	assert_int_equal(worker_pool_busy(p), 0);
 	worker_pool_stop(p);
 	assert_int_equal(atomic_load(&finished_threads), 4);
+}
+
+/* The same with the workers as fibers on one thread: items that wait let
+ * the others run meanwhile. */
+static void test_fibers_every_item_once(void **state)
+{
+	use_fibers = true;
+	test_every_item_once(state);
+	/* eight fibers, items that wait: several in handle() at once, on
+	 * one thread */
+	assert_true(atomic_load(&most_in_handle) > 1);
+	use_fibers = false;
+}
+
+static void test_fibers_bound_busy_and_drain(void **state)
+{
+	use_fibers = true;
+	test_bound_busy_and_drain(state);
+	use_fibers = false;
+}
+
+static void test_fibers_stop_idle(void **state)
+{
+	use_fibers = true;
+	test_stop_idle(state);
+	use_fibers = false;
 }
 
 int main(void)
@@ -131,6 +185,9 @@ int main(void)
 		cmocka_unit_test(test_every_item_once),
 		cmocka_unit_test(test_bound_busy_and_drain),
 		cmocka_unit_test(test_stop_idle),
+		cmocka_unit_test(test_fibers_every_item_once),
+		cmocka_unit_test(test_fibers_bound_busy_and_drain),
+		cmocka_unit_test(test_fibers_stop_idle),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

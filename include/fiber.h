@@ -1,0 +1,68 @@
+/* Fibers: many straight-line tasks on one thread, each with its own stack,
+ * switching only where they wait for a socket or a timer. One scheduler
+ * thread runs them; when none can run it sleeps in one epoll_wait for all
+ * of them, so that under load one wake-up serves several waits.
+ *
+ * Why: on this kind of machine a thread that sleeps in poll(2) and is woken
+ * on another CPU costs tens of microseconds of CPU (tests/bench/wake_cost.c);
+ * a worker thread per request pays that at each of its waits (claim,
+ * upstream, record), a fiber only when the whole scheduler has nothing to
+ * do.
+ *
+ * Code that may run on a fiber or on a plain thread asks fiber_current():
+ * on a plain thread it blocks as before (poll), on a fiber it waits through
+ * the scheduler. Nothing may block the thread inside a fiber for long (no
+ * blocking socket call, no sleep, no lock held across a wait). */
+#ifndef IDEMPROXY_FIBER_H
+#define IDEMPROXY_FIBER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "util.h"
+
+typedef struct fiber fiber;
+typedef struct fiber_sched fiber_sched;
+
+#define FIBER_IN 1
+#define FIBER_OUT 2
+
+/* A scheduler and its thread, started at once; fibers are added with
+ * fiber_spawn, each with a stack of stack_size bytes (and a guard page). */
+fiber_sched *fiber_sched_start(size_t stack_size);
+/* Starts fn(arg) on a new fiber of s. Thread-safe. */
+void fiber_spawn(fiber_sched *s, void (*fn)(void *), void *arg);
+/* Waits until every fiber has returned, then stops the thread. */
+void fiber_sched_join(fiber_sched *s);
+
+/* The calling fiber, or NULL on a plain thread. */
+fiber *fiber_current(void);
+
+/* On a fiber: waits until fd is ready for `events` (FIBER_IN, FIBER_OUT),
+ * or until deadline_ms (ip_now_ms's clock; < 0: none). Returns the events
+ * that are ready (errors and hang-ups count as both), 0 at the deadline.
+ * Several fds: the same, for any of them; ready[i] gets fd i's events. */
+int fiber_wait_fd(int fd, int events, double deadline_ms);
+int fiber_wait_fds(int n, const int *fds, const int *events, int *ready,
+		   double deadline_ms);
+
+/* Parks the calling fiber until fiber_wake (from any thread). A wake that
+ * comes before the park is not lost. */
+void fiber_park(void);
+void fiber_wake(fiber *f);
+
+/* Lets the other runnable fibers run first. */
+void fiber_yield(void);
+
+/* Busy polling for the scheduler (busy_poll): when no fiber can run and
+ * ok() says so, the scheduler polls its sockets (calling relax() between
+ * looks) instead of sleeping, until the deadline ok() set, then reports the
+ * time with done(). */
+typedef struct fiber_poll_hooks {
+	bool (*ok)(double *deadline_ms);
+	void (*relax)(void);
+	void (*done)(double started_ms, double deadline_ms);
+} fiber_poll_hooks;
+void fiber_sched_set_poll(fiber_sched *s, fiber_poll_hooks *hooks);
+
+#endif
