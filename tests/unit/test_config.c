@@ -701,6 +701,26 @@ static void test_error_enums(void **state)
 		     "\"debug\"");
 	assert_error("log_format = \"JSON\";\n" ROUTE_A, 1,
 		     "log_format: must be \"json\" or \"text\"");
+	assert_error("worker_model = \"thread\";\n" ROUTE_A, 1,
+		     "worker_model: must be \"threads\" or \"fibers\"");
+}
+
+/* The workers are fibers unless the conf asks for a thread each. */
+static void test_worker_model(void **state)
+{
+	(void)state;
+	config *c = load_text(ROUTE_A);
+	assert_non_null(c);
+	assert_true(c->worker_fibers);
+	config_unref(c);
+	c = load_text("worker_model = \"threads\";\n" ROUTE_A);
+	assert_non_null(c);
+	assert_false(c->worker_fibers);
+	config_unref(c);
+	c = load_text("worker_model = \"fibers\";\n" ROUTE_A);
+	assert_non_null(c);
+	assert_true(c->worker_fibers);
+	config_unref(c);
 }
 
 static void test_error_listen(void **state)
@@ -1062,6 +1082,7 @@ int main(void)
 		T(test_refcount),
 		T(test_split_listen),
 		T(test_every_setting_has_a_reload_rule),
+		T(test_worker_model),
 		T(test_restart_changes_name_what_differs_from_the_running),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
