@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "util.h"
 
@@ -64,5 +65,26 @@ typedef struct fiber_poll_hooks {
 	void (*done)(double started_ms, double deadline_ms);
 } fiber_poll_hooks;
 void fiber_sched_set_poll(fiber_sched *s, fiber_poll_hooks *hooks);
+
+/* Runs fn(arg) on the scheduler's thread, between fibers, and returns when
+ * it has. From the scheduler's own thread (outside a fiber) it runs at
+ * once. */
+void fiber_sched_call(fiber_sched *s, void (*fn)(void *), void *arg);
+
+/* Another event loop the scheduler runs on its thread (libmicrohttpd's):
+ * run(arg) is called when fd is readable, or when timeout_ms(arg) (< 0:
+ * none, asked before each sleep) has passed, never inside a fiber. NULL
+ * removes it; either returns once the scheduler has taken it. */
+typedef struct fiber_source {
+	int fd;
+	void (*run)(void *arg);
+	int64_t (*timeout_ms)(void *arg);
+	void *arg;
+} fiber_source;
+void fiber_sched_set_source(fiber_sched *s, const fiber_source *src);
+/* From any thread: run the source at the next turn of the loop, whatever
+ * its fd says (libmicrohttpd without a thread of its own has no channel to
+ * say that a connection was resumed). */
+void fiber_sched_poke_source(fiber_sched *s);
 
 #endif

@@ -23,6 +23,8 @@ worker_pool *worker_pool_start(int threads, int queue_size,
  * calls (fiber_wait_fd), never block the thread. */
 worker_pool *worker_pool_start_fibers(int workers, int queue_size,
 				      const worker_ops *ops, size_t stack);
+/* The fibers' scheduler, NULL for a pool of threads. */
+struct fiber_sched *worker_pool_sched(worker_pool *p);
 /* False (item not taken) when the queue is full or the pool is stopping. */
 bool worker_pool_submit(worker_pool *p, void *item) IP_WUR;
 /* A new bound for items waiting (a reload); what already waits stays. */

@@ -69,6 +69,13 @@ typedef struct fdent {
 	bool registered;
 } fdent;
 
+typedef struct sched_call {
+	void (*fn)(void *);
+	void *arg;
+	bool done;
+	struct sched_call *next;
+} sched_call;
+
 struct fiber_sched {
 	pthread_t thread;
 	int ep, evfd;
@@ -78,6 +85,11 @@ struct fiber_sched {
 	fiber *run_head, *run_tail; /* the scheduler thread's own */
 	pthread_mutex_t mu;
 	fiber *remote_head, *remote_tail; /* under mu */
+	sched_call *calls;                /* under mu */
+	pthread_cond_t calls_cv;
+	fiber_source src; /* the scheduler thread's own */
+	bool src_ready;
+	atomic_bool src_poked; /* fiber_sched_poke_source, from any thread */
 	atomic_bool sleeping;
 	atomic_int live;
 	atomic_bool joining;
@@ -401,7 +413,7 @@ static int next_timeout(fiber_sched *s)
 			first = f->deadline;
 		i++;
 	}
-	if (s->run_head)
+	if (s->run_head || atomic_load(&s->src_poked))
 		return 0;
 	if (first < 0)
 		return -1;
@@ -412,7 +424,8 @@ static int next_timeout(fiber_sched *s)
 static bool remote_pending(fiber_sched *s)
 {
 	pthread_mutex_lock(&s->mu);
-	bool any = s->remote_head != NULL;
+	bool any = s->remote_head != NULL || s->calls != NULL ||
+		   atomic_load(&s->src_poked);
 	pthread_mutex_unlock(&s->mu);
 	return any;
 }
@@ -421,6 +434,10 @@ static void handle_events(fiber_sched *s, const struct epoll_event *evs,
 			  int n)
 {
 	for (int i = 0; i < n; i++) {
+		if (s->src.run && evs[i].data.fd == s->src.fd) {
+			s->src_ready = true;
+			continue;
+		}
 		if (evs[i].data.fd == s->evfd) {
 			uint64_t v;
 			ssize_t r = read(s->evfd, &v, sizeof v);
@@ -428,6 +445,49 @@ static void handle_events(fiber_sched *s, const struct epoll_event *evs,
 			continue;
 		}
 		ready_fd(s, evs[i].data.fd, evs[i].events);
+	}
+}
+
+/* The calls other threads queued (fiber_sched_call), in order. */
+static void take_calls(fiber_sched *s)
+{
+	pthread_mutex_lock(&s->mu);
+	while (s->calls) {
+		sched_call *c = s->calls;
+		s->calls = c->next;
+		pthread_mutex_unlock(&s->mu);
+		c->fn(c->arg);
+		pthread_mutex_lock(&s->mu);
+		c->done = true;
+		pthread_cond_broadcast(&s->calls_cv);
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* The source's own timeout folded into the wait's: the earlier one. */
+static int with_source(fiber_sched *s, int timeout, double *src_deadline)
+{
+	*src_deadline = -1;
+	if (!s->src.run || !s->src.timeout_ms)
+		return timeout;
+	int64_t t = s->src.timeout_ms(s->src.arg);
+	if (t < 0)
+		return timeout;
+	*src_deadline = ip_now_ms() + (double)t;
+	if (timeout < 0 || t < timeout)
+		return (int)t;
+	return timeout;
+}
+
+static void run_source(fiber_sched *s, double src_deadline)
+{
+	if (atomic_exchange(&s->src_poked, false))
+		s->src_ready = true;
+	if (!s->src.run)
+		return;
+	if (s->src_ready || (src_deadline >= 0 && ip_now_ms() >= src_deadline)) {
+		s->src_ready = false;
+		s->src.run(s->src.arg);
 	}
 }
 
@@ -440,6 +500,7 @@ static void *sched_main(void *arg)
 #endif
 	struct epoll_event evs[64];
 	for (;;) {
+		take_calls(s);
 		take_remote(s);
 		while (s->run_head) {
 			fiber *f = s->run_head;
@@ -454,7 +515,8 @@ static void *sched_main(void *arg)
 		}
 		if (atomic_load(&s->live) == 0 && atomic_load(&s->joining))
 			break;
-		int timeout = next_timeout(s);
+		double src_deadline;
+		int timeout = with_source(s, next_timeout(s), &src_deadline);
 		fiber_poll_hooks *hooks = atomic_load(&s->poll);
 		double deadline;
 		if (timeout != 0 && hooks && hooks->ok(&deadline)) {
@@ -468,9 +530,10 @@ static void *sched_main(void *arg)
 			hooks->done(t0, deadline);
 			if (n > 0) {
 				handle_events(s, evs, n);
+				run_source(s, src_deadline);
 				continue;
 			}
-			timeout = next_timeout(s);
+			timeout = with_source(s, next_timeout(s), &src_deadline);
 		}
 		if (timeout != 0) {
 			atomic_store(&s->sleeping, true);
@@ -480,6 +543,7 @@ static void *sched_main(void *arg)
 		int n = epoll_wait(s->ep, evs, 64, timeout);
 		atomic_store(&s->sleeping, false);
 		handle_events(s, evs, n);
+		run_source(s, src_deadline);
 	}
 	return NULL;
 }
@@ -491,6 +555,7 @@ fiber_sched *fiber_sched_start(size_t stack_size)
 	s->page = (size_t)page;
 	s->stack_size = (stack_size + (size_t)page - 1) & ~((size_t)page - 1);
 	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->calls_cv, NULL);
 	s->ep = epoll_create1(EPOLL_CLOEXEC);
 	s->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	IP_ASSERT(s->ep >= 0 && s->evfd >= 0);
@@ -538,6 +603,59 @@ void fiber_sched_set_poll(fiber_sched *s, fiber_poll_hooks *hooks)
 	atomic_store(&s->poll, hooks);
 }
 
+void fiber_sched_call(fiber_sched *s, void (*fn)(void *), void *arg)
+{
+	if (tls_sched == s && !tls_current) {
+		fn(arg);
+		return;
+	}
+	sched_call c = {.fn = fn, .arg = arg};
+	pthread_mutex_lock(&s->mu);
+	sched_call **tail = &s->calls;
+	while (*tail)
+		tail = &(*tail)->next;
+	*tail = &c;
+	uint64_t one = 1;
+	ssize_t w = write(s->evfd, &one, sizeof one);
+	(void)w;
+	while (!c.done)
+		pthread_cond_wait(&s->calls_cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+}
+
+typedef struct set_src {
+	fiber_sched *s;
+	const fiber_source *src;
+} set_src;
+
+static void do_set_source(void *arg)
+{
+	set_src *a = arg;
+	fiber_sched *s = a->s;
+	if (s->src.run)
+		epoll_ctl(s->ep, EPOLL_CTL_DEL, s->src.fd, NULL);
+	memset(&s->src, 0, sizeof s->src);
+	s->src_ready = false;
+	if (!a->src)
+		return;
+	struct epoll_event ev = {.events = EPOLLIN, .data.fd = a->src->fd};
+	IP_ASSERT(epoll_ctl(s->ep, EPOLL_CTL_ADD, a->src->fd, &ev) == 0);
+	s->src = *a->src;
+	s->src_ready = true; /* a first look */
+}
+
+void fiber_sched_poke_source(fiber_sched *s)
+{
+	atomic_store(&s->src_poked, true);
+	kick(s);
+}
+
+void fiber_sched_set_source(fiber_sched *s, const fiber_source *src)
+{
+	set_src a = {s, src};
+	fiber_sched_call(s, do_set_source, &a);
+}
+
 void fiber_sched_join(fiber_sched *s)
 {
 	atomic_store(&s->joining, true);
@@ -549,6 +667,7 @@ void fiber_sched_join(fiber_sched *s)
 	close(s->evfd);
 	free(s->waiting);
 	free(s->fds);
+	pthread_cond_destroy(&s->calls_cv);
 	pthread_mutex_destroy(&s->mu);
 	free(s);
 }

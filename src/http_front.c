@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fiber.h"
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
@@ -54,6 +55,7 @@ struct http_front {
 	bool watch_started;
 	pthread_t watchdog;
 	ip_buf timeout_answer; /* a whole 408 response, written by the watchdog */
+	bool on_sched;         /* libmicrohttpd runs on o.sched's thread */
 };
 
 /* How often the watchdog looks at the deadlines: their resolution. */
@@ -462,6 +464,9 @@ static void on_job_done(job *j)
 	http_front *f = c->f; /* c may be gone once the connection resumes */
 	atomic_store(&c->stage, ST_DONE);
 	MHD_resume_connection(c->conn);
+	/* without a thread of its own the daemon learns of it when run */
+	if (f->on_sched)
+		fiber_sched_poke_source(f->o.sched);
 	/* Only now: a drain that sees no request in flight may stop the
 	 * daemon, and MHD_stop_daemon aborts on a connection still
 	 * suspended (it does resume those already marked for resuming). */
@@ -659,6 +664,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 			proxy_account(j);
 			atomic_store(&c->stage, ST_DONE);
 			MHD_resume_connection(conn);
+			if (f->on_sched)
+				fiber_sched_poke_source(f->o.sched);
 		}
 		return MHD_YES;
 	}
@@ -703,6 +710,22 @@ static void front_free(http_front *f)
 	free(f);
 }
 
+/* On a scheduler: one pass of the daemon's event loop, without waiting. */
+static void run_daemon(void *arg)
+{
+	http_front *f = arg;
+	MHD_run(f->d);
+}
+
+static int64_t daemon_timeout(void *arg)
+{
+	http_front *f = arg;
+	MHD_UNSIGNED_LONG_LONG ms;
+	if (MHD_get_timeout(f->d, &ms) != MHD_YES)
+		return -1;
+	return ms > INT32_MAX ? INT32_MAX : (int64_t)ms;
+}
+
 http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss;
@@ -722,7 +745,10 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 	pthread_cond_init(&f->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	render_timeout_answer(&f->timeout_answer);
-	unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD |
+	/* On a scheduler the daemon has no thread of its own: the
+	 * scheduler runs it (run_daemon) when its epoll set is ready. */
+	unsigned flags = (o->sched ? MHD_USE_EPOLL
+				   : MHD_USE_EPOLL_INTERNAL_THREAD) |
 			 MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC |
 			 MHD_USE_ERROR_LOG;
 	if (v6)
@@ -762,14 +788,37 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		return NULL;
 	}
 	f->watch_started = true;
+	if (o->sched) {
+		const union MHD_DaemonInfo *di =
+			MHD_get_daemon_info(f->d, MHD_DAEMON_INFO_EPOLL_FD);
+		if (!di) {
+			snprintf(err, errlen, "libmicrohttpd has no epoll set");
+			http_front_stop(f);
+			return NULL;
+		}
+		fiber_source src = {di->epoll_fd, run_daemon, daemon_timeout,
+				    f};
+		fiber_sched_set_source(o->sched, &src);
+		f->on_sched = true;
+	}
 	return f;
+}
+
+static void quiesce(void *arg)
+{
+	http_front *f = arg;
+	MHD_socket s = MHD_quiesce_daemon(f->d);
+	if (s != MHD_INVALID_SOCKET)
+		close(s);
 }
 
 void http_front_quiesce(http_front *f)
 {
-	MHD_socket s = MHD_quiesce_daemon(f->d);
-	if (s != MHD_INVALID_SOCKET)
-		close(s);
+	/* On a scheduler, only its thread touches the daemon. */
+	if (f->on_sched)
+		fiber_sched_call(f->o.sched, quiesce, f);
+	else
+		quiesce(f);
 }
 
 int http_front_in_flight(http_front *f)
@@ -800,6 +849,8 @@ void http_front_stop(http_front *f)
 		pthread_mutex_unlock(&f->mu);
 		pthread_join(f->watchdog, NULL);
 	}
+	if (f->on_sched)
+		fiber_sched_set_source(f->o.sched, NULL);
 	MHD_stop_daemon(f->d);
 	front_free(f);
 }

@@ -298,6 +298,8 @@ static int serve(config *cfg)
 		.arg = pool,
 		.fast = proxy_fast_path,
 		.fast_arg = &shared,
+		/* with fibers, the front end runs on their thread */
+		.sched = worker_pool_sched(pool),
 	};
 	http_front *front = http_front_start(&fo, err, sizeof err);
 	if (!front) {

@@ -292,3 +292,8 @@ void worker_pool_stop(worker_pool *p)
 	pthread_mutex_destroy(&p->mu);
 	free(p);
 }
+
+fiber_sched *worker_pool_sched(worker_pool *p)
+{
+	return p->sched;
+}
