@@ -179,15 +179,20 @@ static void free_fiber(fiber *f)
 
 /* ---- queues --------------------------------------------------------- */
 
+static void append(fiber **head, fiber **tail, fiber *f)
+{
+	f->next = NULL;
+	if (*tail)
+		(*tail)->next = f;
+	else
+		*head = f;
+	*tail = f;
+}
+
 static void run_push(fiber_sched *s, fiber *f)
 {
 	f->state = F_RUNNABLE;
-	f->next = NULL;
-	if (s->run_tail)
-		s->run_tail->next = f;
-	else
-		s->run_head = f;
-	s->run_tail = f;
+	append(&s->run_head, &s->run_tail, f);
 }
 
 static void kick(fiber_sched *s)
@@ -202,12 +207,7 @@ static void kick(fiber_sched *s)
 /* Under s->mu. */
 static void remote_push(fiber_sched *s, fiber *f)
 {
-	f->next = NULL;
-	if (s->remote_tail)
-		s->remote_tail->next = f;
-	else
-		s->remote_head = f;
-	s->remote_tail = f;
+	append(&s->remote_head, &s->remote_tail, f);
 }
 
 static void take_remote(fiber_sched *s)
@@ -288,6 +288,7 @@ int fiber_wait_fds(int n, const int *fds, const int *events, int *ready,
 {
 	fiber *f = tls_current;
 	IP_ASSERT(f);
+	IP_ASSERT(n > 0 || deadline_ms >= 0); /* else it never wakes */
 	fiber_sched *s = f->s;
 	f->got = 0;
 	for (int i = 0; i < n; i++) {

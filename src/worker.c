@@ -155,17 +155,7 @@ static void worker_fiber(void *arg)
 /* The scheduler polls while at most one request is with a worker: that
  * one's fiber waits for its store or its upstream, as a worker thread
  * would poll its socket (busy.h). */
-static bool poll_ok(double *deadline)
-{
-	return busy_spin(deadline);
-}
-
-static void poll_relax(void)
-{
-	busy_relax();
-}
-
-static fiber_poll_hooks poll_hooks = {poll_ok, poll_relax, busy_account};
+static fiber_poll_hooks poll_hooks = {busy_spin, busy_relax, busy_account};
 
 static worker_pool *pool_new(int threads, int queue_size,
 			     const worker_ops *ops)

@@ -218,6 +218,14 @@ static void record(slot *s)
 	pg_send(s, "record", 4, v);
 }
 
+static void prepare(PGconn *pg, const char *name, const char *sql, int n)
+{
+	PGresult *r = PQprepare(pg, name, sql, n, NULL);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		die(PQresultErrorMessage(r));
+	PQclear(r);
+}
+
 static void on_pg(slot *s)
 {
 	if (!PQconsumeInput(s->pg))
@@ -421,8 +429,7 @@ int main(int argc, char **argv)
 		s->pg = PQconnectdb(db);
 		if (PQstatus(s->pg) != CONNECTION_OK)
 			die(PQerrorMessage(s->pg));
-		PGresult *r = PQprepare(
-			s->pg, "claim",
+		prepare(s->pg, "claim",
 			"INSERT INTO idempotency_records (tenant, operation, "
 			"idem_key, request_hash, state, owner_token, attempt, "
 			"lease_until, hold_on_unknown, created_at, updated_at, "
@@ -432,11 +439,8 @@ int main(int argc, char **argv)
 			"30000 * interval '1 millisecond', false, now(), now(), "
 			"now() + 86400000 * interval '1 millisecond') ON CONFLICT "
 			"DO NOTHING",
-			2, NULL);
-		if (PQresultStatus(r) != PGRES_COMMAND_OK)
-			die(PQresultErrorMessage(r));
-		PQclear(r);
-		r = PQprepare(s->pg, "record",
+			2);
+		prepare(s->pg, "record",
 			      "UPDATE idempotency_records SET state = "
 			      "'completed', response_status = $1, "
 			      "response_headers = E'Content-Type: "
@@ -447,10 +451,7 @@ int main(int argc, char **argv)
 			      "AND owner_token = $4::uuid AND state IN "
 			      "('processing', 'released') AND expires_at > now() "
 			      "RETURNING wait_notify",
-			      4, NULL);
-		if (PQresultStatus(r) != PGRES_COMMAND_OK)
-			die(PQresultErrorMessage(r));
-		PQclear(r);
+			      4);
 		if (PQsetnonblocking(s->pg, 1))
 			die("PQsetnonblocking");
 		s->pg_fd = PQsocket(s->pg);

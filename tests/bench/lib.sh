@@ -57,13 +57,19 @@ start_stub() {
 	"$BIN/stub_upstream" --threads 2 --dump "$STUB_DUMP" \
 		>"$TMP/stub.out" 2>"$LOGS/stub.log" &
 	STUB_PID=$!
-	for _ in $(seq 50); do
-		[ -s "$TMP/stub.out" ] && break
-		sleep 0.1
-	done
-	STUB_PORT=$(head -n 1 "$TMP/stub.out")
+	STUB_PORT=$(first_line "$TMP/stub.out")
 	[ -n "$STUB_PORT" ] || die "the stub upstream did not start (see $LOGS/stub.log)"
 	STUB=http://127.0.0.1:$STUB_PORT
+}
+
+# first_line FILE: its first line, once a process has written it (within
+# 5 s); empty if none came.
+first_line() {
+	for _ in $(seq 50); do
+		[ -s "$1" ] && break
+		sleep 0.1
+	done
+	head -n 1 "$1" 2>/dev/null || true
 }
 
 stub_ctl() {

@@ -92,6 +92,24 @@ check_upstream() {
 	within "$1" "$2 (upstream keys)" "$S_keys"
 }
 
+completed_rows() {
+	psql_db -c "SELECT count(*) FROM idempotency_records WHERE state = 'completed'"
+}
+
+# slice_row NAME PID PORT TAG WHAT: one wrk slice of fresh keys through the
+# process PID listening on PORT, checked at the upstream; appends "NAME
+# requests its-CPU PostgreSQL's-CPU" to $data and sets ROW_N.
+slice_row() {
+	local c0 c1 p0 p1
+	c0=$(cpu_s "$2") p0=$(tree_cpu_s "$PG_PID")
+	ROW_N=$(wrk_slice "http://127.0.0.1:$3/v1/payments" "$4")
+	c1=$(cpu_s "$2") p1=$(tree_cpu_s "$PG_PID")
+	check_upstream "$ROW_N" "$5"
+	printf '%s\t%s\t%s\t%s\n' "$1" "$ROW_N" \
+		"$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
+		"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
+}
+
 main() {
 	for tool in wrk pgbench psql curl; do
 		command -v "$tool" >/dev/null 2>&1 || die "$tool is missing: run \`make bench-deps\`"
@@ -122,12 +140,8 @@ main() {
 		--db "host=127.0.0.1 port=$PGPORT user=postgres dbname=idemproxy" \
 		>"$TMP/model.out" 2>"$LOGS/model.log" &
 	MODEL_PID=$!
-	for _ in $(seq 50); do
-		[ -s "$TMP/model.out" ] && break
-		sleep 0.1
-	done
 	local model_port
-	model_port=$(head -n 1 "$TMP/model.out")
+	model_port=$(first_line "$TMP/model.out")
 	[ -n "$model_port" ] || die "the model did not start (see $LOGS/model.log)"
 	note "postgres :$PGPORT, stub :$STUB_PORT, idemproxy :$PROXY_PORT (threads :$threads_port), model :$model_port; $CONNS connections, $SLICES x ${DUR}s each"
 
@@ -137,32 +151,16 @@ main() {
 	DUR=2 wrk_slice "http://127.0.0.1:$model_port/v1/payments" "$TAG-wm" >/dev/null
 	stub_ctl POST reset >/dev/null
 
-	local s n c0 c1 p0 p1 rows0 rows1 data=$TMP/model.tsv run=0
+	local s c0 p0 p1 rows0 rows1 data=$TMP/model.tsv run=0
 	: >"$data"
 	for s in $(seq "$SLICES"); do
-		c0=$(cpu_s "$PROXY_PID") p0=$(tree_cpu_s "$PG_PID")
-		n=$(wrk_slice "http://127.0.0.1:$PROXY_PORT/v1/payments" "$TAG-p$s")
-		c1=$(cpu_s "$PROXY_PID") p1=$(tree_cpu_s "$PG_PID")
-		check_upstream "$n" "idemproxy slice $s"
-		printf 'idemproxy\t%s\t%s\t%s\n' "$n" "$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
-			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
-
-		c0=$(cpu_s "$THREADS_PID") p0=$(tree_cpu_s "$PG_PID")
-		n=$(wrk_slice "http://127.0.0.1:$threads_port/v1/payments" "$TAG-t$s")
-		c1=$(cpu_s "$THREADS_PID") p1=$(tree_cpu_s "$PG_PID")
-		check_upstream "$n" "idemproxy (threads) slice $s"
-		printf 'idemproxy, worker_model threads\t%s\t%s\t%s\n' "$n" "$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
-			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
-
-		rows0=$(psql_db -c "SELECT count(*) FROM idempotency_records WHERE state = 'completed'")
-		c0=$(cpu_s "$MODEL_PID") p0=$(tree_cpu_s "$PG_PID")
-		n=$(wrk_slice "http://127.0.0.1:$model_port/v1/payments" "$TAG-m$s")
-		c1=$(cpu_s "$MODEL_PID") p1=$(tree_cpu_s "$PG_PID")
-		check_upstream "$n" "model slice $s"
-		rows1=$(psql_db -c "SELECT count(*) FROM idempotency_records WHERE state = 'completed'")
-		within "$n" "model slice $s (rows recorded)" "$((rows1 - rows0))"
-		printf 'model\t%s\t%s\t%s\n' "$n" "$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
-			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
+		slice_row idemproxy "$PROXY_PID" "$PROXY_PORT" "$TAG-p$s" "idemproxy slice $s"
+		slice_row "idemproxy, worker_model threads" "$THREADS_PID" "$threads_port" \
+			"$TAG-t$s" "idemproxy (threads) slice $s"
+		rows0=$(completed_rows)
+		slice_row model "$MODEL_PID" "$model_port" "$TAG-m$s" "model slice $s"
+		rows1=$(completed_rows)
+		within "$ROW_N" "model slice $s (rows recorded)" "$((rows1 - rows0))"
 
 		run=$((run + 1))
 		(cd "$TMP" && exec pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n \
