@@ -207,7 +207,8 @@ for name in ("idemproxy", "idemproxy, worker_model threads", "model",
         continue
     cpu = sum(x[1] for x in r) / n * 1e6
     pg = sum(x[2] for x in r) / n * 1e6
-    per[name] = cpu
+    if cpu > 0:  # a pgbench window too short to tick (BENCH_MODEL_DUR < 3)
+        per[name] = cpu
     rates = ", ".join("%.0f" % (x[0] / float(dur)) for x in r)
     lines.append("| %s | %s | %.0f µs | %.0f µs |" % (name, rates, cpu, pg))
 lines.append("")
