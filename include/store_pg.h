@@ -131,6 +131,13 @@ int store_wait_mark(store *s, const char *tenant, const char *operation,
 int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 		      ip_buf *held, int *released, bool *more, char *err,
 		      size_t errlen) IP_WUR;
+/* The walk's safety net: releases the processing rows whose lease ended
+ * (not held) in pages [*page, *page + pages) of the table, whatever their
+ * place in the walk; held ones join *held. *page moves on, back to 0 after
+ * the table's last page. On a distributed store each shard keeps its own
+ * page in the map (held) and page is not used. */
+int store_sweep_leases(store *s, int pages, int64_t *page, ip_buf *held,
+		       int *released, char *err, size_t errlen) IP_WUR;
 int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen) IP_WUR;
 /* Processing rows and the oldest one's age, from since and held as the

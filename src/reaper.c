@@ -31,6 +31,7 @@ struct reaper {
 	 * held rows it passed that are still held (a tid[] as text). */
 	char since[64];
 	ip_buf held;
+	int64_t sweep_page; /* the sweep's next page (see store_sweep_leases) */
 };
 
 /* Runs one batch statement until a batch comes back less than full. */
@@ -64,14 +65,23 @@ static int reap(reaper *r, int batch, int *total, char *err, size_t errlen)
 	return 0;
 }
 
+/* The pages a pass sweeps: about a batch of rows' worth (a page holds a
+ * few records to a few dozen). */
+static int sweep_pages(int batch)
+{
+	return batch / 10 > 0 ? batch / 10 : 1;
+}
+
 static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
 	store_set_statement_timeout(r->st, set->statement_timeout_ms);
-	int released = 0, purged = 0;
+	int released = 0, swept = 0, purged = 0;
 	int64_t count = 0;
 	double age = 0;
 	if (reap(r, set->batch, &released, err, sizeof err) ||
+	    store_sweep_leases(r->st, sweep_pages(set->batch), &r->sweep_page,
+			       &r->held, &swept, err, sizeof err) ||
 	    drain(r, set->batch, store_purge_expired, &purged, err,
 		  sizeof err) ||
 	    store_processing_stats(r->st, r->since, &r->held, &count, &age,
@@ -85,6 +95,7 @@ static void pass(reaper *r, const reaper_settings *set)
 	if (r->was_down)
 		log_info("reaper: store reachable again", NULL);
 	r->was_down = false;
+	released += swept;
 	metrics_set_store_up(true);
 	metrics_reaper(released, purged);
 	metrics_set_processing(count, age);

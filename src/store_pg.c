@@ -90,10 +90,42 @@ static const stmt_def stmts[] = {
 	 "AND t.idem_key = due.idem_key RETURNING 1) "
 	 "SELECT (SELECT count(*) FROM done)::int4, "
 	 "(SELECT count(*) FROM walk)::int4, "
-	 "(SELECT max(lease_until) FROM walk)::text, "
+	 "(SELECT CASE WHEN count(*) >= $1 AND max(lease_until) = $2 "
+	 "THEN $2 + interval '1 microsecond' ELSE max(lease_until) END "
+	 "FROM walk)::text, "
 	 "(SELECT array(SELECT DISTINCT x FROM unnest($3::tid[] || "
 	 "array(SELECT ctid FROM walk WHERE state = 'processing' "
 	 "AND hold_on_unknown)) x))::text"},
+	/* The walk trusts that a lease ends after the place it has reached,
+	 * which a claim whose commit waited longer than its lease, a row
+	 * written by hand or a row another session had locked betray. So each
+	 * pass also reads $1 pages of the table in order, from page $2 (a
+	 * bounded TID range scan, no index), and releases what it finds dead
+	 * there as the walk would. Returns the rows released, the page to
+	 * start from next time (0 after the last) and the list of held
+	 * rows. */
+	{"sweep_leases", 3,
+	 {OID_INT4, OID_INT8, OID_TEXT},
+	 "WITH walk AS (SELECT ctid, tenant, operation, idem_key, "
+	 "hold_on_unknown FROM idempotency_records "
+	 "WHERE ctid >= ('(' || $2 || ',0)')::tid "
+	 "AND ctid < ('(' || ($2 + $1) || ',0)')::tid "
+	 "AND state = 'processing' AND lease_until <= now()), "
+	 "due AS (SELECT t.tenant, t.operation, t.idem_key "
+	 "FROM idempotency_records t JOIN walk w "
+	 "ON t.tenant = w.tenant AND t.operation = w.operation "
+	 "AND t.idem_key = w.idem_key WHERE NOT w.hold_on_unknown "
+	 "AND t.state = 'processing' AND t.lease_until <= now() "
+	 "AND NOT t.hold_on_unknown FOR UPDATE OF t SKIP LOCKED), "
+	 "done AS (UPDATE idempotency_records t SET state = 'released', "
+	 "lease_until = NULL, updated_at = now() FROM due "
+	 "WHERE t.tenant = due.tenant AND t.operation = due.operation "
+	 "AND t.idem_key = due.idem_key RETURNING 1) "
+	 "SELECT (SELECT count(*) FROM done)::int4, "
+	 "(CASE WHEN $2 + $1 < pg_relation_size('idempotency_records') / "
+	 "current_setting('block_size')::int8 THEN $2 + $1 ELSE 0 END)::text, "
+	 "(SELECT array(SELECT DISTINCT x FROM unnest($3::tid[] || "
+	 "array(SELECT ctid FROM walk WHERE hold_on_unknown)) x))::text"},
 	{"purge", 1,
 	 {OID_INT4},
 	 "WITH doomed AS (SELECT tenant, operation, idem_key "
@@ -163,7 +195,8 @@ static const stmt_def stmts[] = {
 	 "array_agg(s.port ORDER BY s.shardid) AS ports, "
 	 "array_agg(format($1, s.name, "
 	 "coalesce(m.m -> s.name ->> 0, '-infinity'), "
-	 "coalesce(m.m -> s.name ->> 1, '{}')) ORDER BY s.shardid) AS cmds "
+	 "coalesce(m.m -> s.name ->> 1, '{}'), "
+	 "coalesce(m.m -> s.name ->> 2, '0')) ORDER BY s.shardid) AS cmds "
 	 "FROM s, m), "
 	 "r AS (SELECT c.names[w.o] AS name, w.success, w.result, "
 	 "string_to_array(w.result, '|') AS f FROM c, "
@@ -176,7 +209,7 @@ static const stmt_def stmts[] = {
 	 "::float8::text, count(*) FILTER (WHERE NOT success), count(*), "
 	 "min(result) FILTER (WHERE NOT success), "
 	 "coalesce(jsonb_object_agg(name, CASE WHEN success THEN "
-	 "jsonb_build_array(f[3], f[4]) ELSE (SELECT m.m -> name FROM m) END) "
+	 "jsonb_build_array(f[3], f[4], f[7]) ELSE (SELECT m.m -> name FROM m) END) "
 	 "FILTER (WHERE success OR (SELECT m.m ? name FROM m)), '{}')::text "
 	 "FROM r"},
 	/* A waiter marks the record it waits for; the row comes back only
@@ -226,6 +259,7 @@ enum {
 	ST_COMPLETE,
 	ST_RELEASE,
 	ST_REAP,
+	ST_SWEEP,
 	ST_PURGE,
 	ST_OWNED,
 	ST_STATS,
@@ -260,11 +294,36 @@ enum {
 	"x AS (SELECT (SELECT count(*) FROM done) AS n, " \
 	"(SELECT count(*) FROM walk) AS w, " \
 	"(SELECT max(lease_until) FROM walk) AS last) " \
-	"SELECT concat_ws('|', n, (w >= %d AND last IS DISTINCT FROM " \
-	"%%2$L::timestamptz)::int, coalesce(last, %%2$L::timestamptz), " \
+	"SELECT concat_ws('|', n, (w >= %d)::int, CASE WHEN w >= %d AND " \
+	"last = %%2$L::timestamptz THEN last + interval '1 microsecond' " \
+	"ELSE coalesce(last, %%2$L::timestamptz) END, " \
 	"(SELECT array(SELECT DISTINCT h FROM unnest(%%3$L::tid[] || " \
 	"array(SELECT ctid FROM walk WHERE state = 'processing' " \
-	"AND hold_on_unknown)) h))::text, '', '') FROM x"
+	"AND hold_on_unknown)) h))::text, '', '', %%4$L) FROM x"
+/* sweep_leases on one shard from its page (%4$L), in shard_walk's form
+ * (the pages are formatted here, three times). */
+#define SHARD_SWEEP_SQL \
+	"WITH walk AS (SELECT ctid, tenant, operation, idem_key, " \
+	"hold_on_unknown FROM %%1$s " \
+	"WHERE ctid >= ('(' || %%4$L || ',0)')::tid " \
+	"AND ctid < ('(' || (%%4$L::int8 + %d) || ',0)')::tid " \
+	"AND state = 'processing' AND lease_until <= now()), " \
+	"due AS (SELECT t.tenant, t.operation, t.idem_key FROM %%1$s t " \
+	"JOIN walk w ON t.tenant = w.tenant AND t.operation = w.operation " \
+	"AND t.idem_key = w.idem_key WHERE NOT w.hold_on_unknown " \
+	"AND t.state = 'processing' AND t.lease_until <= now() " \
+	"AND NOT t.hold_on_unknown FOR UPDATE OF t SKIP LOCKED), " \
+	"done AS (UPDATE %%1$s t SET state = 'released', " \
+	"lease_until = NULL, updated_at = now() FROM due " \
+	"WHERE t.tenant = due.tenant AND t.operation = due.operation " \
+	"AND t.idem_key = due.idem_key RETURNING 1) " \
+	"SELECT concat_ws('|', (SELECT count(*) FROM done), 0, %%2$L, " \
+	"(SELECT array(SELECT DISTINCT h FROM unnest(%%3$L::tid[] || " \
+	"array(SELECT ctid FROM walk WHERE hold_on_unknown)) h))::text, " \
+	"'', '', CASE WHEN %%4$L::int8 + %d < " \
+	"pg_relation_size(%%1$L::regclass) / " \
+	"current_setting('block_size')::int8 THEN %%4$L::int8 + %d " \
+	"ELSE 0 END)"
 #define SHARD_STATS_SQL \
 	"WITH live AS (SELECT updated_at FROM %1$s " \
 	"WHERE state = 'processing' AND lease_until >= %2$L), " \
@@ -276,7 +335,7 @@ enum {
 	"(SELECT count(*) FROM live) + (SELECT count(*) FROM held), " \
 	"coalesce(extract(epoch FROM now() - least(" \
 	"(SELECT min(updated_at) FROM live), " \
-	"(SELECT min(updated_at) FROM held))), 0))"
+	"(SELECT min(updated_at) FROM held))), 0), %4$L)"
 #define SHARD_PURGE_SQL \
 	"WITH doomed AS (SELECT tenant, operation, idem_key FROM %%1$s " \
 	"WHERE expires_at <= now() " \
@@ -805,7 +864,7 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 	*more = false;
 	if (s->citus) {
 		char cmd[2048];
-		snprintf(cmd, sizeof cmd, SHARD_REAP_SQL, batch, batch);
+		snprintf(cmd, sizeof cmd, SHARD_REAP_SQL, batch, batch, batch);
 		shard_walk_out o;
 		int rc = shard_walk(s, cmd, held, &o, err, errlen, "reap");
 		*released = o.released;
@@ -832,6 +891,36 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 			snprintf(since, since_len, "%s", PQgetvalue(r, 0, 2));
 			*more = walked >= batch;
 		}
+	}
+	PQclear(r);
+	return rc;
+}
+
+int store_sweep_leases(store *s, int pages, int64_t *page, ip_buf *held,
+		       int *released, char *err, size_t errlen)
+{
+	*released = 0;
+	if (s->citus) {
+		char cmd[3072];
+		snprintf(cmd, sizeof cmd, SHARD_SWEEP_SQL, pages, pages, pages);
+		shard_walk_out o;
+		int rc = shard_walk(s, cmd, held, &o, err, errlen, "sweep");
+		*released = o.released;
+		return rc;
+	}
+	if (store_ensure(s, err, errlen))
+		return -1;
+	char n[16], from[24];
+	snprintf(n, sizeof n, "%d", pages);
+	snprintf(from, sizeof from, "%lld", (long long)*page);
+	const char *vals[3] = {n, from, held->data ? held->data : "{}"};
+	PGresult *r = run(s, ST_SWEEP, vals, NULL, NULL, 0);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "sweep");
+	if (!rc && PQntuples(r) == 1) {
+		*released = atoi(PQgetvalue(r, 0, 0));
+		*page = atoll(PQgetvalue(r, 0, 1));
+		ip_buf_reset(held);
+		ip_buf_puts(held, PQgetvalue(r, 0, 2));
 	}
 	PQclear(r);
 	return rc;

@@ -33,12 +33,16 @@ def test_reaper_releases_records_whose_lease_ended(make_proxy, stub, pg):
                       "now() - interval '1 second', response_status = NULL, "
                       "response_headers = NULL, response_body = NULL, replayable = NULL "
                       "WHERE idem_key = %s", (key,)) == 1
-    # and rows written straight into the table
+    rec = wait_state(pg, key, "released")
+    assert rec["attempt"] == 1 and rec["lease_until"] is None
+    # The walk of ended leases has passed that lease. Rows whose lease
+    # ended before it, written after: a claim whose commit waited longer
+    # than its lease, or rows written by hand. The reaper releases them too.
     others = [new_key("sql") for _ in range(3)]
     for k in others:
-        insert_record(pg, k, lease="now() - interval '5 seconds'")
+        insert_record(pg, k, lease="now() - interval '1 minute'")
 
-    for k in [key] + others:
+    for k in others:
         rec = wait_state(pg, k, "released")
         assert rec["attempt"] == 1
         assert rec["lease_until"] is None
@@ -50,6 +54,39 @@ def test_reaper_releases_records_whose_lease_ended(make_proxy, stub, pg):
     rec = pg.record(key)
     assert rec["state"] == "completed"
     assert rec["attempt"] == 2
+
+
+def test_the_walk_gets_past_more_ended_leases_than_a_batch_at_one_instant(make_proxy, stub, pg):
+    """Completed records keep the end of their last lease, the walk's
+    index. More of them than a batch at one instant (an operator's UPDATE)
+    must not stop the walk there: the processing record after them is
+    released within a few passes."""
+    batch = 5
+    proxy = make_proxy(top={"reaper": {"interval": "200ms", "batch": batch}}, start=False)
+    # Released rows (out of the walk's index) before the rest fill 200
+    # pages: the sweep that also reads the table (batch / 10 pages, one page
+    # a pass here) reaches the last rows only after 40 s.
+    assert pg.execute(
+        "INSERT INTO idempotency_records (tenant, operation, idem_key, request_hash, state, "
+        "owner_token, attempt, created_at, updated_at, expires_at) "
+        "SELECT 'default', 'create_payment', 'fill-' || i, sha256(i::text::bytea), 'released', "
+        "gen_random_uuid(), 1, now(), now(), now() + interval '1 hour' "
+        "FROM generate_series(1, 8000) i") == 8000
+    if not CITUS:  # (the shards each hold a part)
+        assert pg.query("SELECT pg_relation_size('idempotency_records') / 8192 AS n")[0]["n"] >= 200
+    same = [new_key("same") for _ in range(3 * batch)]
+    for k in same:
+        insert_record(pg, k, state="completed", status=201, body=b"{}")
+    later = new_key("later")
+    insert_record(pg, later)
+    assert pg.execute("UPDATE idempotency_records SET lease_until = "
+                      "date_trunc('second', now()) - interval '1 minute' "
+                      "WHERE idem_key = ANY (%s)", (same,)) == len(same)
+    assert pg.execute("UPDATE idempotency_records SET lease_until = now() - interval '1 second' "
+                      "WHERE idem_key = %s", (later,)) == 1
+    proxy.start()
+    wait_state(pg, later, "released")
+    assert all(pg.record(k)["state"] == "completed" for k in same)
 
 
 def test_reaper_honours_hold(make_proxy, stub, pg):
@@ -152,6 +189,24 @@ def test_reaper_keeps_processing_gauges_current(make_proxy, stub, pg):
 
     assert pg.execute("DELETE FROM idempotency_records WHERE idem_key = %s", (newer,)) == 1
     wait_until(lambda: gauges() == (0, 0), what="the gauges to drop to 0")
+
+
+def test_a_held_record_behind_the_walk_is_counted_not_released(make_proxy, stub, pg):
+    proxy = make_proxy(top=FAST_REAPER)
+    ended = new_key("ended")
+    insert_record(pg, ended, lease="now() - interval '1 second'")
+    wait_state(pg, ended, "released")
+    # behind the walk's place: only the sweep of the table meets it
+    held = new_key("held")
+    insert_record(pg, held, lease="now() - interval '1 minute'", hold=True,
+                  age="interval '90 seconds'")
+    before = row_version(pg, held)
+    wait_until(lambda: metrics(proxy)["idemproxy_processing_records"] == 1,
+               what="idemproxy_processing_records == 1")
+    assert metrics(proxy)["idemproxy_oldest_processing_age_seconds"] >= 90
+    rec = pg.record(held)
+    assert rec["state"] == "processing" and rec["hold_on_unknown"] is True
+    assert row_version(pg, held) == before
 
 
 def test_reaper_never_touches_a_live_attempt(make_proxy, stub, pg):
