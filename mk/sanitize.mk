@@ -40,7 +40,7 @@ SAN_TSAN_OPTS := halt_on_error=0:second_deadlock_stack=1:suppressions=$(abspath 
 # replace OPT (CFLAGS ?= $(OPT)), so it is dropped. pytest runs outside it:
 # its CC/BUILD/OPT would otherwise reach every make a test runs.
 san_make = env -u CFLAGS $(MAKE) --no-print-directory CC=$(SAN_CC) BUILD=$(1) \
-	OPT='$(2)'
+	MALLOC= OPT='$(2)'
 
 # Prints every report file in $(1) and fails if there is one.
 # ASan says once per process that it does not fully support swapcontext
