@@ -239,7 +239,8 @@ def table(rows):
 
 def notes(rows, rss, a):
     out = ["- \\* interleaved with the other side of its target ratio, in "
-           "halves (A B A B); percentiles from the merged histograms. wrk's "
+           "halves (A B A B; the 16- and 64-connection groups A B B A); "
+           "percentiles from the merged histograms. wrk's "
            "latencies include its correction for coordinated omission; "
            "pgbench's are its per-transaction log (one claim+record pair, "
            "or one replay claim)."]
