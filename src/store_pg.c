@@ -856,6 +856,18 @@ static int shard_walk(store *s, const char *cmd, ip_buf *map,
 	return rc;
 }
 
+/* A per-shard statement (cmd) through shard_walk, the map in held. */
+static int shard_step(store *s, const char *cmd, ip_buf *held,
+		      int *released, bool *more, char *err, size_t errlen,
+		      const char *what)
+{
+	shard_walk_out o;
+	int rc = shard_walk(s, cmd, held, &o, err, errlen, what);
+	*released = o.released;
+	*more = o.more && !rc;
+	return rc;
+}
+
 int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 		      ip_buf *held, int *released, bool *more, char *err,
 		      size_t errlen)
@@ -863,13 +875,11 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 	*released = 0;
 	*more = false;
 	if (s->citus) {
-		char cmd[2048];
-		snprintf(cmd, sizeof cmd, SHARD_REAP_SQL, batch, batch, batch);
-		shard_walk_out o;
-		int rc = shard_walk(s, cmd, held, &o, err, errlen, "reap");
-		*released = o.released;
-		*more = o.more && !rc;
-		return rc;
+		char cmd[4096];
+		IP_ASSERT(snprintf(cmd, sizeof cmd, SHARD_REAP_SQL, batch,
+				   batch, batch) < (int)sizeof cmd);
+		return shard_step(s, cmd, held, released, more, err, errlen,
+				  "reap");
 	}
 	if (store_ensure(s, err, errlen))
 		return -1;
@@ -884,8 +894,8 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 		ip_buf_reset(held);
 		ip_buf_puts(held, PQgetvalue(r, 0, 3));
 		/* The next walk starts at the last lease_until walked (>=:
-		 * another row may end at the same microsecond); a batch of
-		 * one instant only would never move on. */
+		 * another row may end at the same microsecond), or a
+		 * microsecond after a full batch of one instant. */
 		if (!PQgetisnull(r, 0, 2) &&
 		    strcmp(PQgetvalue(r, 0, 2), since)) {
 			snprintf(since, since_len, "%s", PQgetvalue(r, 0, 2));
@@ -901,12 +911,12 @@ int store_sweep_leases(store *s, int pages, int64_t *page, ip_buf *held,
 {
 	*released = 0;
 	if (s->citus) {
-		char cmd[3072];
-		snprintf(cmd, sizeof cmd, SHARD_SWEEP_SQL, pages, pages, pages);
-		shard_walk_out o;
-		int rc = shard_walk(s, cmd, held, &o, err, errlen, "sweep");
-		*released = o.released;
-		return rc;
+		char cmd[4096];
+		bool more;
+		IP_ASSERT(snprintf(cmd, sizeof cmd, SHARD_SWEEP_SQL, pages,
+				   pages, pages) < (int)sizeof cmd);
+		return shard_step(s, cmd, held, released, &more, err, errlen,
+				  "sweep");
 	}
 	if (store_ensure(s, err, errlen))
 		return -1;
