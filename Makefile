@@ -7,7 +7,7 @@ CFLAGS  ?= $(OPT)
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
            -D_GNU_SOURCE -Iinclude -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 # The allocator: with jemalloc a fresh key's ~90 allocations cost the proxy
-# about 15 us less CPU than with glibc's malloc (README, Performance).
+# about 14 us less CPU than with glibc's malloc (README, Performance).
 # `make MALLOC=` links glibc's; the sanitizer builds always do.
 MALLOC  ?= jemalloc
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(if $(MALLOC),-l$(MALLOC)) -lpthread

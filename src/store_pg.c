@@ -38,6 +38,27 @@ typedef struct stmt_def {
 	const char *sql;
 } stmt_def;
 
+/* What the reaper's walks and sweeps (a CTE "walk" of rows of table T)
+ * have in common: the due and done CTEs that release the walked rows
+ * still processing, not held, with their lease ended, skipping locked
+ * ones; and the held rows known before (LIST, a tid[]) with the walked
+ * ones that are held. */
+#define RELEASE_WALKED(T) \
+	"due AS (SELECT t.tenant, t.operation, t.idem_key FROM " T " t " \
+	"JOIN walk w ON t.tenant = w.tenant AND t.operation = w.operation " \
+	"AND t.idem_key = w.idem_key WHERE w.state = 'processing' " \
+	"AND NOT w.hold_on_unknown AND t.state = 'processing' " \
+	"AND t.lease_until <= now() AND NOT t.hold_on_unknown " \
+	"FOR UPDATE OF t SKIP LOCKED), " \
+	"done AS (UPDATE " T " t SET state = 'released', " \
+	"lease_until = NULL, updated_at = now() FROM due " \
+	"WHERE t.tenant = due.tenant AND t.operation = due.operation " \
+	"AND t.idem_key = due.idem_key RETURNING 1) "
+#define HELD_WALKED(LIST) \
+	"(SELECT array(SELECT DISTINCT h FROM unnest(" LIST "::tid[] || " \
+	"array(SELECT ctid FROM walk WHERE state = 'processing' " \
+	"AND hold_on_unknown)) h))::text"
+
 static const stmt_def stmts[] = {
 	{"claim", 8,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
@@ -77,25 +98,12 @@ static const stmt_def stmts[] = {
 	 "lease_until, state, hold_on_unknown FROM idempotency_records "
 	 "WHERE lease_until >= $2 AND lease_until <= now() "
 	 "ORDER BY lease_until LIMIT $1), "
-	 "due AS (SELECT t.tenant, t.operation, t.idem_key "
-	 "FROM idempotency_records t JOIN walk w "
-	 "ON t.tenant = w.tenant AND t.operation = w.operation "
-	 "AND t.idem_key = w.idem_key WHERE w.state = 'processing' "
-	 "AND NOT w.hold_on_unknown AND t.state = 'processing' "
-	 "AND t.lease_until <= now() AND NOT t.hold_on_unknown "
-	 "FOR UPDATE OF t SKIP LOCKED), "
-	 "done AS (UPDATE idempotency_records t SET state = 'released', "
-	 "lease_until = NULL, updated_at = now() FROM due "
-	 "WHERE t.tenant = due.tenant AND t.operation = due.operation "
-	 "AND t.idem_key = due.idem_key RETURNING 1) "
+	 RELEASE_WALKED("idempotency_records")
 	 "SELECT (SELECT count(*) FROM done)::int4, "
 	 "(SELECT count(*) FROM walk)::int4, "
 	 "(SELECT CASE WHEN count(*) >= $1 AND max(lease_until) = $2 "
 	 "THEN $2 + interval '1 microsecond' ELSE max(lease_until) END "
-	 "FROM walk)::text, "
-	 "(SELECT array(SELECT DISTINCT x FROM unnest($3::tid[] || "
-	 "array(SELECT ctid FROM walk WHERE state = 'processing' "
-	 "AND hold_on_unknown)) x))::text"},
+	 "FROM walk)::text, " HELD_WALKED("$3")},
 	/* The walk trusts that a lease ends after the place it has reached,
 	 * which a claim whose commit waited longer than its lease, a row
 	 * written by hand or a row another session had locked betray. So each
@@ -107,25 +115,15 @@ static const stmt_def stmts[] = {
 	{"sweep_leases", 3,
 	 {OID_INT4, OID_INT8, OID_TEXT},
 	 "WITH walk AS (SELECT ctid, tenant, operation, idem_key, "
-	 "hold_on_unknown FROM idempotency_records "
+	 "state, hold_on_unknown FROM idempotency_records "
 	 "WHERE ctid >= ('(' || $2 || ',0)')::tid "
 	 "AND ctid < ('(' || ($2 + $1) || ',0)')::tid "
 	 "AND state = 'processing' AND lease_until <= now()), "
-	 "due AS (SELECT t.tenant, t.operation, t.idem_key "
-	 "FROM idempotency_records t JOIN walk w "
-	 "ON t.tenant = w.tenant AND t.operation = w.operation "
-	 "AND t.idem_key = w.idem_key WHERE NOT w.hold_on_unknown "
-	 "AND t.state = 'processing' AND t.lease_until <= now() "
-	 "AND NOT t.hold_on_unknown FOR UPDATE OF t SKIP LOCKED), "
-	 "done AS (UPDATE idempotency_records t SET state = 'released', "
-	 "lease_until = NULL, updated_at = now() FROM due "
-	 "WHERE t.tenant = due.tenant AND t.operation = due.operation "
-	 "AND t.idem_key = due.idem_key RETURNING 1) "
+	 RELEASE_WALKED("idempotency_records")
 	 "SELECT (SELECT count(*) FROM done)::int4, "
 	 "(CASE WHEN $2 + $1 < pg_relation_size('idempotency_records') / "
 	 "current_setting('block_size')::int8 THEN $2 + $1 ELSE 0 END)::text, "
-	 "(SELECT array(SELECT DISTINCT x FROM unnest($3::tid[] || "
-	 "array(SELECT ctid FROM walk WHERE hold_on_unknown)) x))::text"},
+	 HELD_WALKED("$3")},
 	{"purge", 1,
 	 {OID_INT4},
 	 "WITH doomed AS (SELECT tenant, operation, idem_key "
@@ -281,46 +279,25 @@ enum {
 	"lease_until, state, hold_on_unknown FROM %%1$s " \
 	"WHERE lease_until >= %%2$L AND lease_until <= now() " \
 	"ORDER BY lease_until LIMIT %d), " \
-	"due AS (SELECT t.tenant, t.operation, t.idem_key FROM %%1$s t " \
-	"JOIN walk w ON t.tenant = w.tenant AND t.operation = w.operation " \
-	"AND t.idem_key = w.idem_key WHERE w.state = 'processing' " \
-	"AND NOT w.hold_on_unknown AND t.state = 'processing' " \
-	"AND t.lease_until <= now() AND NOT t.hold_on_unknown " \
-	"FOR UPDATE OF t SKIP LOCKED), " \
-	"done AS (UPDATE %%1$s t SET state = 'released', " \
-	"lease_until = NULL, updated_at = now() FROM due " \
-	"WHERE t.tenant = due.tenant AND t.operation = due.operation " \
-	"AND t.idem_key = due.idem_key RETURNING 1), " \
+	RELEASE_WALKED("%%1$s") ", " \
 	"x AS (SELECT (SELECT count(*) FROM done) AS n, " \
 	"(SELECT count(*) FROM walk) AS w, " \
 	"(SELECT max(lease_until) FROM walk) AS last) " \
 	"SELECT concat_ws('|', n, (w >= %d)::int, CASE WHEN w >= %d AND " \
 	"last = %%2$L::timestamptz THEN last + interval '1 microsecond' " \
 	"ELSE coalesce(last, %%2$L::timestamptz) END, " \
-	"(SELECT array(SELECT DISTINCT h FROM unnest(%%3$L::tid[] || " \
-	"array(SELECT ctid FROM walk WHERE state = 'processing' " \
-	"AND hold_on_unknown)) h))::text, '', '', %%4$L) FROM x"
+	HELD_WALKED("%%3$L") ", '', '', %%4$L) FROM x"
 /* sweep_leases on one shard from its page (%4$L), in shard_walk's form
  * (the pages are formatted here, three times). */
 #define SHARD_SWEEP_SQL \
 	"WITH walk AS (SELECT ctid, tenant, operation, idem_key, " \
-	"hold_on_unknown FROM %%1$s " \
+	"state, hold_on_unknown FROM %%1$s " \
 	"WHERE ctid >= ('(' || %%4$L || ',0)')::tid " \
 	"AND ctid < ('(' || (%%4$L::int8 + %d) || ',0)')::tid " \
 	"AND state = 'processing' AND lease_until <= now()), " \
-	"due AS (SELECT t.tenant, t.operation, t.idem_key FROM %%1$s t " \
-	"JOIN walk w ON t.tenant = w.tenant AND t.operation = w.operation " \
-	"AND t.idem_key = w.idem_key WHERE NOT w.hold_on_unknown " \
-	"AND t.state = 'processing' AND t.lease_until <= now() " \
-	"AND NOT t.hold_on_unknown FOR UPDATE OF t SKIP LOCKED), " \
-	"done AS (UPDATE %%1$s t SET state = 'released', " \
-	"lease_until = NULL, updated_at = now() FROM due " \
-	"WHERE t.tenant = due.tenant AND t.operation = due.operation " \
-	"AND t.idem_key = due.idem_key RETURNING 1) " \
+	RELEASE_WALKED("%%1$s") \
 	"SELECT concat_ws('|', (SELECT count(*) FROM done), 0, %%2$L, " \
-	"(SELECT array(SELECT DISTINCT h FROM unnest(%%3$L::tid[] || " \
-	"array(SELECT ctid FROM walk WHERE hold_on_unknown)) h))::text, " \
-	"'', '', CASE WHEN %%4$L::int8 + %d < " \
+	HELD_WALKED("%%3$L") ", '', '', CASE WHEN %%4$L::int8 + %d < " \
 	"pg_relation_size(%%1$L::regclass) / " \
 	"current_setting('block_size')::int8 THEN %%4$L::int8 + %d " \
 	"ELSE 0 END)"

@@ -238,9 +238,11 @@ def table(rows):
 
 
 def notes(rows, rss, a):
+    order = ("; the 16- and %s-connection groups A B B A" % a.wide
+             if a.wide else "")
     out = ["- \\* interleaved with the other side of its target ratio, in "
-           "halves (A B A B; the 16- and 64-connection groups A B B A); "
-           "percentiles from the merged histograms. wrk's "
+           "halves (A B A B%s); percentiles from the merged histograms. "
+           "wrk's " % order +
            "latencies include its correction for coordinated omission; "
            "pgbench's are its per-transaction log (one claim+record pair, "
            "or one replay claim)."]
