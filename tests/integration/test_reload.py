@@ -113,10 +113,16 @@ def wait_queued(proxy, n):
 
 def sighup_once_blocked(proc):
     """SIGHUP terminates a process that has not blocked it yet: wait until
-    the main thread blocks it (SigBlk in /proc), then send it at once, so
-    the reload runs as soon as start-up reaches its signal loop."""
+    the main thread blocks it, then send it at once, so the reload runs as
+    soon as start-up reaches its signal loop. Blocked shows in SigBlk until
+    the thread reaches sigwait; while it sleeps there the kernel takes the
+    awaited signals out of SigBlk again, so a thread in sigwait counts too
+    (a poll that missed the window between the two would wait forever)."""
     def blocked():
         try:
+            with open("/proc/%d/wchan" % proc.pid) as f:
+                if "sigtimedwait" in f.read():
+                    return True
             with open("/proc/%d/status" % proc.pid) as f:
                 for line in f:
                     if line.startswith("SigBlk:"):
@@ -126,6 +132,15 @@ def sighup_once_blocked(proc):
         return False
     wait_until(blocked, interval=0.0005, what="the proxy to block SIGHUP")
     proc.send_signal(signal.SIGHUP)
+
+
+def test_sighup_once_blocked_sees_a_proxy_already_in_its_signal_loop(make_proxy, stub, pg):
+    """A proxy past start-up sleeps in sigwait, where SigBlk no longer shows
+    SIGHUP: the helper must still see it as ready and reload it."""
+    proxy = make_proxy()
+    sighup_once_blocked(proxy.proc)
+    wait_until(lambda: "configuration reloaded" in proxy.log(), what="the reload")
+    assert pay(proxy, new_key()).status_code == 201
 
 
 def test_reload_during_start_up_leaves_workers_a_valid_database_url(make_proxy, stub, pg):
