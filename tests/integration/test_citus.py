@@ -7,6 +7,7 @@ Collected only under `make test-citus` (IDEMPROXY_TEST_CITUS=1), where the
 session's cluster is a coordinator and two workers (citus_cluster.py).
 """
 import threading
+import time
 
 import psycopg
 import pytest
@@ -377,7 +378,11 @@ def test_the_reaper_reads_only_the_leases_that_ended_since_its_last_pass(make_pr
     on_node(node, pg.name, "ANALYZE idempotency_records_%d" % shard)
     proxy.start()
     lease_ending_soon(pg, tenant, "first-")
-    lease_ending_soon(pg, tenant, "second-")  # the first walk's reads are counted
+    lease_ending_soon(pg, tenant, "second-")
+    # A backend writes its index statistics at most once a second: wait
+    # until the first walk's reads are all counted before taking `before`.
+    time.sleep(1.5)
+    lease_ending_soon(pg, tenant, "third-")
     before = rows_read(node, pg.name, shard)
     for i in range(5):
         lease_ending_soon(pg, tenant, "pass%d-" % i)

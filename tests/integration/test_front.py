@@ -423,8 +423,6 @@ def check_run(run, results, pg, stub):
     """What one shutdown under load must look like; returns the failures."""
     failures = []
     answered_503 = [a for _, _, a, status, _, _ in results if status == 503]
-    if not answered_503:
-        failures.append("run %d: no request was answered 503 shutting_down" % run)
     first_503 = min(answered_503 or [0])
     seen_by_key = {}
     for r in stub.requests():
@@ -467,6 +465,7 @@ def test_sigterm_under_keep_alive_load_exits_0_and_records_every_2xx(make_proxy,
     # when the daemon stops (libmicrohttpd would abort).
     stub.configure({"prefix": PAY, "delay": 0.005})
     failures = []
+    drained_503 = 0
     for run in range(RUNS):
         proxy = make_proxy(top={"shutdown_grace": "20s"})
         stop = threading.Event()
@@ -495,4 +494,9 @@ def test_sigterm_under_keep_alive_load_exits_0_and_records_every_2xx(make_proxy,
             failures.append("run %d: exit %s\n%s" % (run, rc, proxy.log()[-2000:]))
             continue
         failures += check_run(run, results, pg, stub)
+        drained_503 += sum(1 for r in results if r[3] == 503)
     assert not failures, "\n".join(failures[:30])
+    # A run whose clients were all between two requests at the signal sees
+    # no 503 (the drain finds nothing open and stops at once): the runs
+    # together must.
+    assert drained_503, "no request was answered 503 shutting_down in %d runs" % RUNS

@@ -148,6 +148,11 @@ def test_reload_during_start_up_leaves_workers_a_valid_database_url(make_proxy, 
     not initialised yet must not read their database URL from it (run under
     the ASan build, a read of freed memory aborts the proxy)."""
     for _ in range(3):
+        # the last proxy's 200 backends gone, or this one finds no room
+        wait_until(lambda: pg.query("SELECT count(*) AS n FROM pg_stat_activity "
+                                    "WHERE datname = current_database() "
+                                    "AND pid <> pg_backend_pid()")[0]["n"] == 0,
+                   what="the last proxy's connections to close")
         proxy = make_proxy(top={"workers": 200}, wait_ready=False)
         sighup_once_blocked(proxy.proc)
         proxy.wait_ready()

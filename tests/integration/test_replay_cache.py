@@ -106,12 +106,12 @@ def test_cached_replay_ends_when_the_record_expires_however_slow_the_upstream(
     the claim's remaining ttl counted again from when the upstream answered:
     once the store has expired the record, the cache must not replay it."""
     proxy = make_proxy(route_overrides={"create_payment": {
-        "ttl": "4s", "lease": "3s", "upstream_timeout": "2500ms"}})
-    stub.configure({"prefix": "/v1/payments", "delay": 2.0, "times": 1})
+        "ttl": "4s", "lease": "3500ms", "upstream_timeout": "3s"}})
+    stub.configure({"prefix": "/v1/payments", "delay": 1.5, "times": 1})
     key = new_key()
     first = pay(proxy, key)
     assert first.status_code == 201 and not is_replay(first)
-    # the store says expired (from here the old deadline still had ~2 s)
+    # the store says expired (from here the old deadline still had ~1.5 s)
     wait_until(lambda: pg.query("SELECT expires_at <= now() AS gone FROM "
                                 "idempotency_records WHERE idem_key = %s",
                                 (key,))[0]["gone"],

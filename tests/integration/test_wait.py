@@ -282,7 +282,9 @@ def test_client_that_hangs_up_is_dropped_from_the_wait_list(make_proxy, stub):
     wait_waiters(1, p)
     s.close()
     wait_waiters(0, p)
-    assert outcome(p, "create_payment", "client_gone") == 1
+    # the gauge drops just before the outcome is counted
+    wait_until(lambda: outcome(p, "create_payment", "client_gone") == 1,
+               what="the client_gone outcome")
     stub.release("orig")
     assert orig.result().status_code == 201
     assert stub.count(key=key) == 1
