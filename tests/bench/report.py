@@ -58,6 +58,7 @@ def load_rows(data):
             hist = load_hist(os.path.join(data, rid + ".hist"))
             cpu_pg = load_cpu(data, rid + ".pgcpu")
             cpu_px = load_cpu(data, rid + ".cpu")
+            wal = load_cpu(data, rid + ".wal")
             total = sum(n for _, n in hist)
             rows.append({
                 "id": rid, "scenario": scenario, "target": target,
@@ -67,6 +68,8 @@ def load_rows(data):
                 "mean": sum(v * n for v, n in hist) / total if total else 0,
                 "errors": errors, "slices": slices,
                 "cpu_pg": cpu_pg, "cpu_px": cpu_px,
+                # bytes of WAL per request (load_cpu's sum, times 1e6)
+                "wal": wal / 1e6 if wal is not None else None,
             })
     return rows
 
@@ -212,6 +215,19 @@ def targets(rows, rss, dups, a):
     return "\n".join(out) + "\n"
 
 
+def nbytes(b):
+    return "-" if b is None else "%.0f B" % b
+
+
+def load_checkpoints(data):
+    """checkpoints.txt: how many the server made during the measured rows."""
+    try:
+        with open(os.path.join(data, "checkpoints.txt")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def load_wake(data):
     """wake.txt: tests/bench/wake_cost.c's key=value line, or None."""
     try:
@@ -289,6 +305,28 @@ def notes(rows, rss, a):
                    % (wake["any_cpu_us"], wake["any_wall_us"],
                       wake["one_cpu_us"], wake["one_wall_us"]))
     raw16, f16 = find(rows, "raw-c16"), find(rows, "fresh-c16")
+    ck = load_checkpoints(a.data)
+    rawk, fk = find(rows, "raw-c16-ckpt"), find(rows, "fresh-c16-ckpt")
+    if ck is not None:
+        line = ("- checkpoints: %d during the rows above the two \"just "
+                "after a CHECKPOINT\" rows (PostgreSQL runs with "
+                "max_wal_size 16GB and checkpoint_timeout 1h, and one "
+                "CHECKPOINT follows the warm-up), so that none lands in one "
+                "row and not in the row it is compared with." % ck)
+        if rawk and fk and raw16 and f16:
+            line += (" Right after a CHECKPOINT (when every page a "
+                     "statement touches first is written whole to the WAL), "
+                     "at 16 connections idemproxy made %.0f req/s against the raw "
+                     "pair's %.0f (%.2f; %.2f without), PostgreSQL's CPU "
+                     "%s against %s per request (%s and %s without), WAL "
+                     "%s against %s per request (%s and %s without)."
+                     % (fk["rps"], rawk["rps"], fk["rps"] / rawk["rps"],
+                        f16["rps"] / raw16["rps"], us(fk["cpu_pg"]),
+                        us(rawk["cpu_pg"]), us(f16["cpu_pg"]),
+                        us(raw16["cpu_pg"]), nbytes(fk["wal"]),
+                        nbytes(rawk["wal"]), nbytes(f16["wal"]),
+                        nbytes(raw16["wal"])))
+        out.append(line)
     if raw16 and f16 and raw16["cpu_px"] and f16["cpu_px"]:
         out.append("- 16 connections: pgbench spent %s per raw pair (two "
                    "statements and their answers, its connections driven "
@@ -303,11 +341,14 @@ def notes(rows, rss, a):
         out.append("- the store's schema and statements, 16 clients: "
                    "pgbench claim+record %.0f tps = %.2f x the raw pair; "
                    "PostgreSQL CPU %s per claim+record = %.2f x the raw "
-                   "pair's %s."
+                   "pair's %s; WAL per request: raw pair %s, claim+record "
+                   "%s, idemproxy's fresh keys %s."
                    % (pg16["rps"], pg16["rps"] / raw16["rps"],
                       us(pg16["cpu_pg"]),
                       (pg16["cpu_pg"] or 0) / (raw16["cpu_pg"] or 1),
-                      us(raw16["cpu_pg"])))
+                      us(raw16["cpu_pg"]), nbytes(raw16["wal"]),
+                      nbytes(pg16["wal"]),
+                      nbytes(f16["wal"] if f16 else None)))
     d1, raw1 = find(rows, "direct-c1"), find(rows, "raw-c1")
     fb, f1 = find(rows, "fresh-c1-busy"), find(rows, "fresh-c1")
     if d1 and raw1 and fb and f1:

@@ -338,12 +338,15 @@ proxy_run() {
 	[ -z "$label" ] || scenario="$scenario, $label"
 	stub_take
 	fwd0=$(requests_total forwarded)
+	local wal0
+	wal0=$(wal_lsn)
 	cpu_start 1 proc "$PROXY_PID"
 	wrk_run "$id" "$scenario" idemproxy "$PROXY" "$kind.lua" "$conns" \
 		"$threads" "$tag"
 	cpu_stop "$id" "$W_REQUESTS"
 	settle
 	fwd=$(($(requests_total forwarded) - fwd0))
+	[ "$kind" != fresh ] || wal_since "$id" "$wal0" "$fwd"
 	stub_take
 	check_exactly_once "$id" "$kind" "$conns" "$fwd"
 }
@@ -426,7 +429,10 @@ pgbench_pair() {
 	local id=$1 conns=$2 script=$3 counts=$4 scenario=$5 before after
 	PG_RUN=$((PG_RUN + 1))
 	before=$($counts)
+	local wal0
+	wal0=$(wal_lsn)
 	pgbench_exec "$id" "$conns" "$script" -D run="$PG_RUN" -D n=0
+	wal_since "$id" "$wal0" "$P_N"
 	after=$($counts)
 	local new=$((${after% *} - ${before% *})) open=$((${after#* } - ${before#* }))
 	note "$id: $P_N transactions, $new new rows, $open left open"
@@ -574,6 +580,47 @@ rss_run() {
 		note "rss: only $(requests_total) requests in ${RSS_MAX_S}s"
 }
 
+# The server's WAL position now.
+wal_lsn() {
+	psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
+		"SELECT pg_current_wal_lsn()"
+}
+
+# wal_since ID LSN N: the WAL written since LSN, for N requests (fresh
+# keys: the forwards, each a claim and a record), into DATA/ID.wal.
+wal_since() {
+	[ "$RECORD" = 1 ] && [ "${3:-0}" -gt 0 ] || return 0
+	echo "$(psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
+		"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '$2')::bigint") $3" >>"$DATA/$1.wal"
+}
+
+# The server's checkpoints so far (timed and requested).
+checkpoints() {
+	psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
+		"SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+}
+
+checkpoint() {
+	psql -X -q -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c CHECKPOINT ||
+		die "CHECKPOINT failed"
+}
+
+# What a checkpoint costs: the raw pair and idemproxy at 16 connections,
+# each half right after a CHECKPOINT, A B A B. Last, so that no other row
+# pays for the pages these leave to be written again.
+checkpoint_runs() {
+	local dur=$DUR s
+	DUR=$(((dur + 1) / 2))
+	for s in 1 2; do
+		checkpoint
+		pgbench_pair raw-c16-ckpt 16 raw_pair.sql raw_counts \
+			"raw two-commit pair (pgbench), just after a CHECKPOINT"
+		checkpoint
+		proxy_run fresh-c16-ckpt fresh 16 2 "" "just after a CHECKPOINT"
+	done
+	DUR=$dur
+}
+
 # ---- main ---------------------------------------------------------------
 
 warm_up() {
@@ -660,7 +707,12 @@ main() {
 	"$BIN/wake_cost" 1 >"$DATA/wake.txt" || die "wake_cost failed"
 	note "wake-ups: $(cat "$DATA/wake.txt")"
 	# Production-like durability: every commit waits for its WAL flush.
-	start_pg "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+	# No checkpoint of its own inside the run (one is forced after the
+	# warm-up, and two rows measure the cost of one): the full-page
+	# writes after a checkpoint double the WAL per request for the next
+	# seconds, and would land in one row and not in the row it is
+	# compared with.
+	start_pg "-c fsync=on -c synchronous_commit=on -c full_page_writes=on -c max_wal_size=16GB -c checkpoint_timeout=1h"
 	start_stub
 	start_nginx
 	PROXY_PORT=$(free_port)
@@ -676,6 +728,9 @@ main() {
 	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers; with busy_poll $BUSY: $BUSY_PROXY"
 
 	warm_up
+	checkpoint
+	local ck0
+	ck0=$(checkpoints)
 	target_runs
 	other_runs
 	seal_runs
@@ -685,6 +740,9 @@ main() {
 	proxy_run fresh-c16-warn fresh 16 2 "$TAG-warn" "log_level warn (pair)"
 	set_log_level info
 	proxy_run fresh-c16-info fresh 16 2 "$TAG-info" "log_level info (pair)"
+	set_log_level warn
+	echo "$(($(checkpoints) - ck0))" >"$DATA/checkpoints.txt"
+	checkpoint_runs
 
 	local elapsed=$((SECONDS - START_S))
 	"$PYTHON" "$HERE/report.py" --data "$DATA" --out "$OUT/results.md" \
