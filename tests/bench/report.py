@@ -58,7 +58,6 @@ def load_rows(data):
             hist = load_hist(os.path.join(data, rid + ".hist"))
             cpu_pg = load_cpu(data, rid + ".pgcpu")
             cpu_px = load_cpu(data, rid + ".cpu")
-            wal = load_cpu(data, rid + ".wal")
             total = sum(n for _, n in hist)
             rows.append({
                 "id": rid, "scenario": scenario, "target": target,
@@ -68,8 +67,7 @@ def load_rows(data):
                 "mean": sum(v * n for v, n in hist) / total if total else 0,
                 "errors": errors, "slices": slices,
                 "cpu_pg": cpu_pg, "cpu_px": cpu_px,
-                # bytes of WAL per request (load_cpu's sum, times 1e6)
-                "wal": wal / 1e6 if wal is not None else None,
+                "wal": load_per(data, rid + ".wal"),  # bytes per request
             })
     return rows
 
@@ -86,18 +84,25 @@ def load_rss(data):
     return out
 
 
-def load_cpu(data, name):
-    """Microseconds of CPU per request over the slices of a row, or None."""
-    seconds = requests = 0
+def load_per(data, name):
+    """A row's total over its requests, from lines "AMOUNT REQUESTS" (one
+    per slice), or None."""
+    total = requests = 0
     try:
         with open(os.path.join(data, name)) as f:
             for line in f:
                 s, n = line.split()
-                seconds += float(s)
+                total += float(s)
                 requests += int(n)
     except FileNotFoundError:
         return None
-    return seconds * 1e6 / requests if requests else None
+    return total / requests if requests else None
+
+
+def load_cpu(data, name):
+    """Microseconds of CPU per request over the slices of a row, or None."""
+    per = load_per(data, name)
+    return per * 1e6 if per is not None else None
 
 
 def ms(us):

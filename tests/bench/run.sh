@@ -19,8 +19,9 @@
 # The runs whose ratio is a target are cut into halves and interleaved
 # (A B A B; the 16- and 64-connection groups A B B A): the rest of the
 # machine's load, and PostgreSQL's fsync latency with it, drift over
-# seconds, and both sides of a ratio should see the same drift. Each row's percentiles come from the merged latency histograms of
-# its slices (wrk's, and pgbench's per-transaction log).
+# seconds, and both sides of a ratio should see the same drift. Each row's
+# percentiles come from the merged latency histograms of its slices (wrk's,
+# and pgbench's per-transaction log).
 #
 # Output: the table on stdout and in build-bench/results.md; per-run data in
 # build-bench/data/; each tool's output in build-bench/logs/bench/.
@@ -338,15 +339,15 @@ proxy_run() {
 	[ -z "$label" ] || scenario="$scenario, $label"
 	stub_take
 	fwd0=$(requests_total forwarded)
-	local wal0
-	wal0=$(wal_lsn)
+	local wal0=""
+	[ "$kind" != fresh ] || [ "$RECORD" = 0 ] || wal0=$(wal_lsn)
 	cpu_start 1 proc "$PROXY_PID"
 	wrk_run "$id" "$scenario" idemproxy "$PROXY" "$kind.lua" "$conns" \
 		"$threads" "$tag"
 	cpu_stop "$id" "$W_REQUESTS"
 	settle
 	fwd=$(($(requests_total forwarded) - fwd0))
-	[ "$kind" != fresh ] || wal_since "$id" "$wal0" "$fwd"
+	[ -z "$wal0" ] || wal_since "$id" "$wal0" "$fwd"
 	stub_take
 	check_exactly_once "$id" "$kind" "$conns" "$fwd"
 }
@@ -429,10 +430,10 @@ pgbench_pair() {
 	local id=$1 conns=$2 script=$3 counts=$4 scenario=$5 before after
 	PG_RUN=$((PG_RUN + 1))
 	before=$($counts)
-	local wal0
-	wal0=$(wal_lsn)
+	local wal0=""
+	[ "$RECORD" = 0 ] || wal0=$(wal_lsn)
 	pgbench_exec "$id" "$conns" "$script" -D run="$PG_RUN" -D n=0
-	wal_since "$id" "$wal0" "$P_N"
+	[ -z "$wal0" ] || wal_since "$id" "$wal0" "$P_N"
 	after=$($counts)
 	local new=$((${after% *} - ${before% *})) open=$((${after#* } - ${before#* }))
 	note "$id: $P_N transactions, $new new rows, $open left open"
@@ -582,27 +583,23 @@ rss_run() {
 
 # The server's WAL position now.
 wal_lsn() {
-	psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
-		"SELECT pg_current_wal_lsn()"
+	psql_q "SELECT pg_current_wal_lsn()"
 }
 
 # wal_since ID LSN N: the WAL written since LSN, for N requests (fresh
 # keys: the forwards, each a claim and a record), into DATA/ID.wal.
 wal_since() {
 	[ "$RECORD" = 1 ] && [ "${3:-0}" -gt 0 ] || return 0
-	echo "$(psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
-		"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '$2')::bigint") $3" >>"$DATA/$1.wal"
+	echo "$(psql_q "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '$2')::bigint") $3" >>"$DATA/$1.wal"
 }
 
 # The server's checkpoints so far (timed and requested).
 checkpoints() {
-	psql -X -qAt -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c \
-		"SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+	psql_q "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
 }
 
 checkpoint() {
-	psql -X -q -h 127.0.0.1 -p "$PGPORT" -U postgres -d idemproxy -c CHECKPOINT ||
-		die "CHECKPOINT failed"
+	psql_q CHECKPOINT >/dev/null || die "CHECKPOINT failed"
 }
 
 # What a checkpoint costs: the raw pair and idemproxy at 16 connections,
