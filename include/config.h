@@ -95,6 +95,7 @@ typedef struct config {
 	int64_t statement_timeout_ms;
 	bool db_unavailable_forward; /* false = reject (503) */
 	bool db_citus; /* distributed = "citus": records distributed by tenant */
+	int db_batch;  /* most first attempts per statement (store_batch.h) */
 
 	int64_t reaper_interval_ms;
 	int reaper_batch;

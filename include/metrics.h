@@ -14,6 +14,9 @@ void metrics_upstream_response(const char *route, int status);
 void metrics_takeover(const char *route);
 /* A named event without labels, e.g. "record_failed". */
 void metrics_event(const char *name);
+/* One statement of store_batch.h carried n first attempts (kind: "claim"
+ * or "record"). */
+void metrics_store_batch(const char *kind, int n);
 /* A reaper pass completed: its counts, and now as its time. */
 void metrics_reaper(int released, int purged);
 void metrics_observe_request_ms(double ms);
@@ -34,6 +37,11 @@ void metrics_wait_outcome(const char *route, const char *outcome);
  * before the pool stops). */
 struct worker_pool;
 void metrics_set_worker_pool(struct worker_pool *p);
+
+/* The batches whose queues the gauges show (NULL: none, set before they
+ * are freed). */
+struct store_batch;
+void metrics_set_store_batch(struct store_batch *b);
 
 void metrics_render(ip_buf *out);
 

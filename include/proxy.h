@@ -12,6 +12,7 @@
 struct replay_cache;
 struct record_retry;
 struct waiters;
+struct store_batch;
 
 typedef struct proxy_shared {
 	const char *db_url;
@@ -20,6 +21,9 @@ typedef struct proxy_shared {
 	struct replay_cache *cache; /* NULL: no replay cache */
 	struct record_retry *retry; /* records the workers could not write */
 	struct waiters *waiters;    /* duplicates waiting; NULL: none wait */
+	/* first attempts claimed and recorded together (fiber workers on a
+	 * plain store); NULL: each alone */
+	struct store_batch *batch;
 } proxy_shared;
 
 /* Runs on the front end's event thread before a job is queued: answers at

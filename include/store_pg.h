@@ -26,6 +26,10 @@ void store_set_statement_timeout(store *s, int64_t ms);
  * idem_claim call alone (no insert first). Before the first call. */
 void store_set_distributed(store *s, bool citus);
 
+/* This connection sends the *_many statements (store_batch.h): their
+ * joins are planned for each call. Before the first call. */
+void store_set_many(store *s);
+
 /* Connects (and prepares) if not connected. 0 or -1 with err. */
 int store_ensure(store *s, char *err, size_t errlen) IP_WUR;
 
@@ -84,6 +88,27 @@ typedef struct claim_result {
 int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
 		size_t errlen) IP_WUR;
 void claim_result_clear(claim_result *r);
+/* The claim for a key known to exist (an insert of it found it): idem_claim
+ * alone. As store_claim otherwise. */
+int store_claim_existing(store *s, const claim_req *req, claim_result *out,
+			 char *err, size_t errlen) IP_WUR;
+/* What idem_claim answers for a key its attempt inserted: forward, attempt
+ * 1, the whole lease, the record living max(ttl, lease). */
+void store_claim_fresh(const claim_req *req, claim_result *out);
+
+/* Most attempts one *_many statement carries. */
+#define STORE_MANY_MAX 256
+
+/* The first step of store_claim for n attempts (1..STORE_MANY_MAX) in one
+ * statement and one commit, on a plain store: inserted[i] says attempt i's
+ * key was new and is now its own (store_claim_fresh); otherwise the key
+ * exists (store_claim_existing decides). Once more on a fresh connection
+ * when the one in hand turned out to be broken. 0, or -1 on a store failure
+ * (err filled, store_outage tells which kind): nothing is known then, and
+ * any of the inserts may have committed (a claim repeated with the same
+ * owner token carries on as that attempt). */
+int store_claim_new_many(store *s, const claim_req *const *reqs, int n,
+			 bool *inserted, char *err, size_t errlen) IP_WUR;
 
 typedef struct record_key {
 	const char *tenant;
@@ -106,6 +131,38 @@ int store_complete(store *s, const record_key *k, int status,
 		   const char *headers, size_t headers_len, const char *body,
 		   size_t body_len, bool replayable, const char *seal_key,
 		   bool *fenced, char *err, size_t errlen) IP_WUR;
+typedef struct complete_req {
+	const record_key *k;
+	int status;
+	const char *headers;
+	size_t headers_len;
+	const char *body; /* NULL: none stored */
+	size_t body_len;
+	bool replayable;
+	const char *seal_key;
+} complete_req;
+/* store_complete, its arguments in one place. */
+int store_complete_req(store *s, const complete_req *q, bool *fenced,
+		       char *err, size_t errlen) IP_WUR;
+/* n completes (1..STORE_MANY_MAX) in one statement and one commit, without
+ * repeat handling or NOTIFY: updated[i] says attempt i's record was
+ * written, marked[i] that a waiter had marked it. Not updated: fenced, or,
+ * when *resent (the statement went out once more on a fresh connection
+ * after the first broke, and may have committed), to be settled with
+ * store_settle. 0, or -1 (err; nothing is known, any may have
+ * committed). */
+int store_complete_many(store *s, const complete_req *const *reqs, int n,
+			bool *updated, bool *marked, bool *resent, char *err,
+			size_t errlen) IP_WUR;
+/* After a complete that may have committed on a connection that broke,
+ * and a repeat that wrote nothing: is the record completed under k's
+ * owner? *fenced when not. */
+int store_settle(store *s, const record_key *k, bool *fenced, char *err,
+		 size_t errlen) IP_WUR;
+/* Wakes other instances' waiters for k's record (after its write
+ * committed, and only when a waiter marked it). */
+void store_notify_waiters(store *s, const record_key *k);
+
 /* Frees the key for a retry (state released). */
 int store_release(store *s, const record_key *k, bool *fenced, char *err,
 		  size_t errlen) IP_WUR;

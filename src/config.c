@@ -1039,6 +1039,10 @@ static const cfg_opt cfg_database[] = {
 	 .reload = CFG_APPLY},
 	{.name = "distributed", .conv = cfg_conv_flag, .def = "\"none\"",
 	 .off = C_(db_citus), .choices = cfg_distributed, .reload = CFG_RESTART},
+	/* First attempts per claim or record statement (store_batch.h); 1:
+	 * each alone. The ceiling is what one statement carries. */
+	{.name = "batch", .conv = cfg_conv_int, .def = "64", .min = 1,
+	 .max = 256, .off = C_(db_batch), .reload = CFG_APPLY},
 };
 
 /* A reaper faster than 100ms would only keep the database busy. */

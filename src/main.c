@@ -22,6 +22,7 @@
 #include "reencrypt.h"
 #include "record_retry.h"
 #include "replay_cache.h"
+#include "store_batch.h"
 #include "store_pg.h"
 #include "tenant_upgrade.h"
 #include "upstream.h"
@@ -256,8 +257,14 @@ static int serve(config *cfg)
 	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
 	waiters *wt = waiters_start(cfg->max_waiters, &wops);
 	running.waiters = wt;
+	/* Batches need the fibers' scheduler; on Citus a claim stays the
+	 * delegated call of one tenant's shard. */
+	store_batch *batch = cfg->worker_fibers && !cfg->db_citus
+				     ? store_batch_new(db_url,
+						 cfg->statement_timeout_ms)
+				     : NULL;
 	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cfg->db_citus,
-			       cache, retry, wt};
+			       cache, retry, wt, batch};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;
@@ -287,7 +294,10 @@ static int serve(config *cfg)
 			: worker_pool_start(cfg->workers, cfg->queue_size,
 					    &ops);
 	running.pool = pool;
+	if (batch)
+		store_batch_start(batch, worker_pool_sched(pool));
 	metrics_set_worker_pool(pool);
+	metrics_set_store_batch(batch);
 	front_opts fo = {
 		.listen = cfg->listen,
 		.max_connections = cfg->max_connections,
@@ -305,7 +315,10 @@ static int serve(config *cfg)
 	if (!front) {
 		fprintf(stderr, "idemproxy: %s\n", err);
 		metrics_set_worker_pool(NULL);
+		metrics_set_store_batch(NULL);
+		store_batch_stop(batch);
 		worker_pool_stop(pool);
+		store_batch_free(batch);
 		admin_stop(adm);
 		goto fail;
 	}
@@ -353,7 +366,12 @@ static int serve(config *cfg)
 	admin_stop(adm);
 	reaper_stop(rp);
 	metrics_set_worker_pool(NULL);
+	metrics_set_store_batch(NULL);
+	/* The front end drained: nothing is with a worker now, and anything
+	 * still coming goes alone. */
+	store_batch_stop(batch);
 	worker_pool_stop(pool);
+	store_batch_free(batch);
 	notify_listen_stop(nl);
 	waiters_stop(wt);
 	/* Outcomes the workers could not record keep being tried for the

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "busy.h"
+#include "store_batch.h"
 #include "worker.h"
 
 /* Counters and histograms are kept per thread: each thread writes only its
@@ -151,6 +152,8 @@ static const char F_UPSTREAM[] = "idemproxy_upstream_responses_total";
 static const char F_TAKEOVERS[] = "idemproxy_takeovers_total";
 static const char F_EVENTS[] = "idemproxy_events_total";
 static const char F_WAITS[] = "idemproxy_wait_outcomes_total";
+static const char F_BATCHES[] = "idemproxy_store_batches_total";
+static const char F_BATCHED[] = "idemproxy_store_batched_total";
 
 void metrics_wait_outcome(const char *route, const char *outcome)
 {
@@ -172,6 +175,15 @@ void metrics_set_worker_pool(struct worker_pool *p)
 	pthread_mutex_unlock(&mu);
 }
 
+static struct store_batch *g_batch;
+
+void metrics_set_store_batch(struct store_batch *b)
+{
+	pthread_mutex_lock(&mu);
+	g_batch = b;
+	pthread_mutex_unlock(&mu);
+}
+
 void metrics_set_waiters(int n)
 {
 	pthread_mutex_lock(&mu);
@@ -189,12 +201,15 @@ static void render_labels(char *l, size_t n, const char *family,
 		snprintf(l, n, "route=\"%s\",class=\"%s\"", a, b);
 	else if (family == F_TAKEOVERS)
 		snprintf(l, n, "route=\"%s\"", a);
+	else if (family == F_BATCHES || family == F_BATCHED)
+		snprintf(l, n, "kind=\"%s\"", a);
 	else
 		snprintf(l, n, "event=\"%s\"", a);
 }
 
-/* Counts one in this thread's shard; a b of NULL is no second label. */
-static void count(const char *family, const char *a_raw, const char *b_raw)
+/* Counts n in this thread's shard; a b of NULL is no second label. */
+static void count_n(const char *family, const char *a_raw, const char *b_raw,
+		    uint64_t by)
 {
 	char a[64], b[64];
 	label_copy(a, sizeof a, a_raw ? a_raw : "");
@@ -205,7 +220,7 @@ static void count(const char *family, const char *a_raw, const char *b_raw)
 		shard_series *x = &sh->s[i];
 		if (x->family == family && !strcmp(x->a, a) &&
 		    !strcmp(x->b, b)) {
-			bump(&x->value, 1);
+			bump(&x->value, by);
 			return;
 		}
 	}
@@ -214,13 +229,24 @@ static void count(const char *family, const char *a_raw, const char *b_raw)
 		x->family = family;
 		memcpy(x->a, a, sizeof a);
 		memcpy(x->b, b, sizeof b);
-		atomic_store_explicit(&x->value, 1, memory_order_relaxed);
+		atomic_store_explicit(&x->value, by, memory_order_relaxed);
 		atomic_store_explicit(&sh->n, n + 1, memory_order_release);
 		return;
 	}
 	char l[160];
 	render_labels(l, sizeof l, family, a, b);
-	add(family, l, 1);
+	add(family, l, by);
+}
+
+static void count(const char *family, const char *a, const char *b)
+{
+	count_n(family, a, b, 1);
+}
+
+void metrics_store_batch(const char *kind, int n)
+{
+	count(F_BATCHES, kind, NULL);
+	count_n(F_BATCHED, kind, NULL, (uint64_t)n);
 }
 
 void metrics_request(const char *route, const char *outcome)
@@ -392,7 +418,8 @@ static void render_scalar(ip_buf *out, const char *name, const char *type,
 static const char *const known_events[] = {
 	"record_failed", "record_fenced", "forwarded_unprotected",
 	"replay_cache_hit", "overloaded", "record_deferred", "record_retried",
-	"upstream_connection_desync", "record_unreadable", "request_timeout"};
+	"upstream_connection_desync", "record_unreadable", "request_timeout",
+	"store_batch_failed"};
 
 void metrics_render(ip_buf *out)
 {
@@ -414,6 +441,12 @@ void metrics_render(ip_buf *out)
 		      "Notable events (record_failed, record_fenced, ...).");
 	render_family(out, v, n, F_WAITS,
 		      "How waiting duplicates ended, by route and outcome.");
+	render_family(out, v, n, F_BATCHES,
+		      "Statements that claimed (kind claim) or recorded (kind "
+		      "record) several first attempts at once.");
+	render_family(out, v, n, F_BATCHED,
+		      "First attempts those statements carried (divided by "
+		      "idemproxy_store_batches_total: the mean batch).");
 	free(v);
 	histogram hs[N_HIST] = {merged_hist(&h_request, H_REQUEST),
 				merged_hist(&h_store, H_STORE),
@@ -431,6 +464,17 @@ void metrics_render(ip_buf *out)
 	render_scalar(out, "idemproxy_workers_busy", "gauge",
 		      "Workers handling a request (at most workers).",
 		      (double)active);
+	int bc = 0, br = 0;
+	if (g_batch)
+		store_batch_queued(g_batch, &bc, &br);
+	ip_buf_printf(out,
+		      "# HELP idemproxy_store_batch_queued First attempts "
+		      "waiting to be claimed or recorded with others (the "
+		      "statement of their kind is with the database).\n"
+		      "# TYPE idemproxy_store_batch_queued gauge\n"
+		      "idemproxy_store_batch_queued{kind=\"claim\"} %d\n"
+		      "idemproxy_store_batch_queued{kind=\"record\"} %d\n",
+		      bc, br);
 	render_scalar(out, "idemproxy_waiters", "gauge",
 		      "Duplicates waiting for an attempt in flight.",
 		      (double)g_waiters);

@@ -13,6 +13,7 @@
 #include "record_retry.h"
 #include "replay_cache.h"
 #include "seal.h"
+#include "store_batch.h"
 #include "store_pg.h"
 #include "upstream.h"
 #include "waiters.h"
@@ -32,6 +33,7 @@ typedef struct proxy_worker {
 	uint64_t cache_gen;
 	double cache_expires_ms;
 	store *st;
+	struct store_batch *batch; /* NULL: none (threads, Citus) */
 	upstream *up;
 	ip_buf scratch;
 	ip_buf sealed_h, sealed_b; /* a response as stored, when sealed */
@@ -48,6 +50,7 @@ void *proxy_worker_init(void *arg, int index)
 	w->waiters = sh->waiters;
 	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
 	store_set_distributed(w->st, sh->citus);
+	w->batch = sh->batch;
 	w->up = upstream_new();
 	char err[256];
 	/* Connect now so the first request does not pay for it; a failure is
@@ -484,6 +487,14 @@ static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
 	out->seal_key = seal_keyring_active(k);
 }
 
+/* How this job's claim and record may be batched with other workers'. */
+static store_batch_use batch_use(proxy_worker *w, const job *j)
+{
+	store_batch_use u = {w->batch, w->st, j->cfg->db_batch,
+			     j->cfg->statement_timeout_ms};
+	return u;
+}
+
 /* A write the worker could not make (the store failed, even after one
  * reconnect) goes to the background retrier, which keeps trying until the
  * attempt's lease ends; the client is answered now. */
@@ -549,10 +560,11 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 			    keep_body ? (resp->body.data ? resp->body.data : "")
 				      : NULL,
 			    keep_body ? resp->body.len : 0, &sf);
-		rc = store_complete(w->st, k, resp->status, sf.headers,
-				    sf.headers_len, sf.body, sf.body_len,
-				    replayable, sf.seal_key, &fenced, err,
-				    sizeof err);
+		complete_req q = {k,	       resp->status, sf.headers,
+				  sf.headers_len, sf.body,	     sf.body_len,
+				  replayable,	  sf.seal_key};
+		store_batch_use u = batch_use(w, j);
+		rc = store_batch_complete(&u, &q, &fenced, err, sizeof err);
 	}
 	double ms = ip_now_ms() - t0;
 	j->store_ms += ms;
@@ -789,7 +801,8 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		w->cache_gen = replay_cache_generation(w->cache, &rk);
 	}
 	double t0 = ip_now_ms();
-	int rc = store_claim(w->st, &req, &c, err, sizeof err);
+	store_batch_use u = batch_use(w, j);
+	int rc = store_batch_claim(&u, &req, &c, err, sizeof err);
 	double ms = ip_now_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);

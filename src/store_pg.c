@@ -20,6 +20,8 @@ struct store {
 	pg_link link;
 	bool outage; /* the last failure: no connection, or it broke */
 	bool citus;  /* the records are distributed: reaper works per shard */
+	bool many;   /* sends the *_many statements: custom plans */
+	ip_buf arr[9]; /* their array parameters */
 };
 
 /* Each statement, its name, parameter types (OIDs) and text. */
@@ -30,6 +32,12 @@ struct store {
 #define OID_TEXT 25
 #define OID_UUID 2950
 #define OID_TSTZ 1184
+#define OID_BOOL_ARR 1000
+#define OID_BYTEA_ARR 1001
+#define OID_INT4_ARR 1007
+#define OID_TEXT_ARR 1009
+#define OID_INT8_ARR 1016
+#define OID_UUID_ARR 2951
 
 typedef struct stmt_def {
 	const char *name;
@@ -233,7 +241,7 @@ static const stmt_def stmts[] = {
 	/* A fresh key on a plain store: idem_claim's first step as a plain
 	 * statement, with the same parameters. One row inserted: the key is
 	 * this attempt's, and the proxy knows what the function would have
-	 * returned for it (claim_new_result). None: the key exists, and
+	 * returned for it (store_claim_fresh). None: the key exists, and
 	 * idem_claim decides (a second round trip, for repeats only). Saves
 	 * the PL/pgSQL call on every first attempt, and, with no RETURNING,
 	 * the server's projection and row description (35k of the 364k
@@ -250,6 +258,39 @@ static const stmt_def stmts[] = {
 	 "now() + $5 * interval '1 millisecond', $7, now(), now(), "
 	 "now() + greatest($6, $5) * interval '1 millisecond') "
 	 "ON CONFLICT DO NOTHING"},
+	/* claim_new for many first attempts at once (store_batch.h), its
+	 * parameters as arrays, one element per attempt: one statement and
+	 * one commit for them all. The rows inserted come back by their owner
+	 * tokens (each attempt's own); an attempt whose key exists gets none,
+	 * and idem_claim decides for it as after claim_new. */
+	{"claim_many", 8,
+	 {OID_TEXT_ARR, OID_TEXT_ARR, OID_TEXT_ARR, OID_BYTEA_ARR, OID_INT8_ARR,
+	  OID_INT8_ARR, OID_BOOL_ARR, OID_UUID_ARR},
+	 "INSERT INTO idempotency_records (tenant, operation, idem_key, "
+	 "request_hash, state, owner_token, attempt, lease_until, "
+	 "hold_on_unknown, created_at, updated_at, expires_at) "
+	 "SELECT t, o, k, h, 'processing', w, 1, "
+	 "now() + l * interval '1 millisecond', hd, now(), now(), "
+	 "now() + greatest(ttl, l) * interval '1 millisecond' "
+	 "FROM unnest($1, $2, $3, $4, $5, $6, $7, $8) "
+	 "AS u(t, o, k, h, l, ttl, hd, w) "
+	 "ON CONFLICT DO NOTHING RETURNING owner_token"},
+	/* complete for many attempts at once, likewise: the rows written come
+	 * back by their owner tokens, with their waiters' marks. The join is
+	 * planned for each call (plan_cache_mode on the connection that sends
+	 * it, store_set_many): a plan made once, while the table was small,
+	 * could scan the whole table for every element later. */
+	{"complete_many", 9,
+	 {OID_TEXT_ARR, OID_TEXT_ARR, OID_TEXT_ARR, OID_UUID_ARR, OID_INT4_ARR,
+	  OID_BYTEA_ARR, OID_BYTEA_ARR, OID_BOOL_ARR, OID_TEXT_ARR},
+	 "UPDATE idempotency_records r SET state = 'completed', "
+	 "response_status = u.s, response_headers = u.h, response_body = u.b, "
+	 "replayable = u.rp, seal_key = u.sk, updated_at = now() "
+	 "FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9) "
+	 "AS u(t, o, k, w, s, h, b, rp, sk) "
+	 "WHERE r.tenant = u.t AND r.operation = u.o AND r.idem_key = u.k "
+	 "AND r.owner_token = u.w AND r.state IN ('processing', 'released') "
+	 "AND r.expires_at > now() RETURNING r.owner_token, r.wait_notify"},
 };
 
 enum {
@@ -265,7 +306,9 @@ enum {
 	ST_SHARD_WALK,
 	ST_WAIT_MARK,
 	ST_WAIT_NOTIFY,
-	ST_CLAIM_NEW
+	ST_CLAIM_NEW,
+	ST_CLAIM_MANY,
+	ST_COMPLETE_MANY
 };
 
 /* The reaper's statements as run on each shard (%1$s, formatted by
@@ -333,11 +376,18 @@ void store_set_distributed(store *s, bool citus)
 	s->citus = citus;
 }
 
+void store_set_many(store *s)
+{
+	s->many = true;
+}
+
 void store_free(store *s)
 {
 	if (!s)
 		return;
 	pg_link_close(&s->link);
+	for (size_t i = 0; i < sizeof s->arr / sizeof s->arr[0]; i++)
+		ip_buf_free(&s->arr[i]);
 	free(s);
 }
 
@@ -388,6 +438,14 @@ void store_new_token(uint8_t out[STORE_TOKEN_LEN])
 	out[8] = (uint8_t)((out[8] & 0x3f) | 0x80);
 }
 
+/* The next call starts over on a new connection. */
+static void drop_conn(store *s)
+{
+	if (s->link.conn)
+		PQfinish(s->link.conn);
+	s->link.conn = NULL;
+}
+
 int store_ensure(store *s, char *err, size_t errlen)
 {
 	bool fresh;
@@ -413,9 +471,18 @@ int store_ensure(store *s, char *err, size_t errlen)
 		/* A missing function means an old schema; the caller reports
 		 * it. Next call starts over on a new connection. */
 		if (rc) {
-			if (s->link.conn)
-				PQfinish(s->link.conn);
-			s->link.conn = NULL;
+			drop_conn(s);
+			return -1;
+		}
+	}
+	if (s->many) {
+		PGresult *r = pg_link_exec(s->link.conn,
+					   "SET plan_cache_mode = "
+					   "force_custom_plan");
+		int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "set");
+		PQclear(r);
+		if (rc) {
+			drop_conn(s);
 			return -1;
 		}
 	}
@@ -486,19 +553,15 @@ static const struct {
 	{"held", CLAIM_HELD},		{"mismatch", CLAIM_MISMATCH},
 };
 
-static int claim_once(store *s, const claim_req *req, claim_result *out,
-		      char *err, size_t errlen);
-
 static int affected(PGresult *r)
 {
 	const char *n = PQcmdTuples(r);
 	return n && *n ? atoi(n) : 0;
 }
 
-/* What idem_claim answers for a key it inserts: this attempt's, the first,
- * with the whole lease, the record living max(ttl, lease). */
-static void claim_new_result(const claim_req *req, claim_result *out)
+void store_claim_fresh(const claim_req *req, claim_result *out)
 {
+	memset(out, 0, sizeof *out);
 	out->decision = CLAIM_FORWARD;
 	memcpy(out->owner, req->owner, STORE_TOKEN_LEN);
 	out->attempt = 1;
@@ -507,49 +570,36 @@ static void claim_new_result(const claim_req *req, claim_result *out)
 		req->ttl_ms > req->lease_ms ? req->ttl_ms : req->lease_ms;
 }
 
-int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
-		size_t errlen)
-{
-	bool was_connected = s->link.conn != NULL;
-	int rc = claim_once(s, req, out, err, errlen);
-	/* A connection that broke while idle (database restarted) shows only
-	 * on first use: try once more on a fresh one. Repeating a claim is
-	 * safe: it carries the same owner token, so if the first one did take
-	 * the key, this one carries on as that attempt. */
-	if (rc && was_connected && !s->link.conn)
-		rc = claim_once(s, req, out, err, errlen);
-	return rc;
-}
+/* A claim's parameters, as claim_new and idem_claim take them. */
+typedef struct claim_params {
+	char lease[8], ttl[8], hold;
+	const char *vals[8];
+	int lens[8];
+	int fmts[8];
+} claim_params;
 
-static int claim_once(store *s, const claim_req *req, claim_result *out,
-		      char *err, size_t errlen)
+static void claim_params_of(const claim_req *req, claim_params *p)
 {
-	memset(out, 0, sizeof *out);
-	if (store_ensure(s, err, errlen))
-		return -1;
-	char lease[8], ttl[8], hold = req->hold_on_unknown ? 1 : 0;
-	put_i64(lease, req->lease_ms);
-	put_i64(ttl, req->ttl_ms);
+	put_i64(p->lease, req->lease_ms);
+	put_i64(p->ttl, req->ttl_ms);
+	p->hold = req->hold_on_unknown ? 1 : 0;
 	const char *vals[8] = {req->tenant, req->operation, req->key,
-			       (const char *)req->hash, lease, ttl, &hold,
-			       (const char *)req->owner};
+			       (const char *)req->hash, p->lease, p->ttl,
+			       &p->hold, (const char *)req->owner};
 	int lens[8] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN};
 	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
-	PGresult *r;
-	if (!s->citus) {
-		r = run(s, ST_CLAIM_NEW, vals, lens, fmts, 1);
-		if (exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "claim")) {
-			PQclear(r);
-			return -1;
-		}
-		int inserted = affected(r);
-		PQclear(r);
-		if (inserted == 1) {
-			claim_new_result(req, out);
-			return 0;
-		}
-	}
-	r = run(s, ST_CLAIM, vals, lens, fmts, 1);
+	memcpy(p->vals, vals, sizeof vals);
+	memcpy(p->lens, lens, sizeof lens);
+	memcpy(p->fmts, fmts, sizeof fmts);
+}
+
+/* idem_claim's answer into out. */
+static int claim_call(store *s, const claim_req *req, claim_result *out,
+		      char *err, size_t errlen)
+{
+	claim_params cp;
+	claim_params_of(req, &cp);
+	PGresult *r = run(s, ST_CLAIM, cp.vals, cp.lens, cp.fmts, 1);
 	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
 		PQclear(r);
 		return -1;
@@ -593,6 +643,176 @@ static int claim_once(store *s, const claim_req *req, claim_result *out,
 	}
 	out->res = r;
 	return 0;
+}
+
+/* One try of a claim: on a plain store the insert first (claim_new), and
+ * idem_claim only when it inserted nothing (or with existing set: at
+ * once). */
+static int claim_once(store *s, const claim_req *req, bool existing,
+		      claim_result *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof *out);
+	if (store_ensure(s, err, errlen))
+		return -1;
+	if (!s->citus && !existing) {
+		claim_params cp;
+		claim_params_of(req, &cp);
+		PGresult *r = run(s, ST_CLAIM_NEW, cp.vals, cp.lens, cp.fmts,
+				  1);
+		if (exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "claim")) {
+			PQclear(r);
+			return -1;
+		}
+		int inserted = affected(r);
+		PQclear(r);
+		if (inserted == 1) {
+			store_claim_fresh(req, out);
+			return 0;
+		}
+	}
+	return claim_call(s, req, out, err, errlen);
+}
+
+/* A connection that broke while idle (database restarted) shows only on
+ * first use: try once more on a fresh one. Repeating a claim is safe: it
+ * carries the same owner token, so if the first one did take the key, this
+ * one carries on as that attempt. */
+static int claim_retried(store *s, const claim_req *req, bool existing,
+			 claim_result *out, char *err, size_t errlen)
+{
+	bool was_connected = s->link.conn != NULL;
+	int rc = claim_once(s, req, existing, out, err, errlen);
+	if (rc && was_connected && !s->link.conn)
+		rc = claim_once(s, req, existing, out, err, errlen);
+	return rc;
+}
+
+int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
+		size_t errlen)
+{
+	return claim_retried(s, req, false, out, err, errlen);
+}
+
+int store_claim_existing(store *s, const claim_req *req, claim_result *out,
+			 char *err, size_t errlen)
+{
+	return claim_retried(s, req, true, out, err, errlen);
+}
+
+/* ---- many attempts in one statement (store_batch.h) ---------------- */
+
+static void put_be32(ip_buf *b, int32_t v)
+{
+	uint32_t n = htonl((uint32_t)v);
+	ip_buf_append(b, &n, 4);
+}
+
+/* A one-dimensional array parameter in PostgreSQL's binary form
+ * (array_recv): dimensions, whether any element is NULL, the element
+ * type, the length and lower bound; then each element's length (-1 for
+ * NULL) and bytes. */
+static void arr_start(ip_buf *b, Oid elem, int n)
+{
+	ip_buf_reset(b);
+	put_be32(b, 1);
+	put_be32(b, 0);
+	put_be32(b, (int32_t)elem);
+	put_be32(b, n);
+	put_be32(b, 1);
+}
+
+static void arr_add(ip_buf *b, const void *p, int len)
+{
+	put_be32(b, len);
+	if (len > 0)
+		ip_buf_append(b, p, (size_t)len);
+	if (len < 0) {
+		uint32_t one = htonl(1);
+		memcpy(b->data + 4, &one, 4);
+	}
+}
+
+static void arr_add_str(ip_buf *b, const char *s)
+{
+	arr_add(b, s, (int)strlen(s));
+}
+
+/* Runs a *_many statement over the arrays in s->arr. */
+static PGresult *run_arrays(store *s, int st)
+{
+	const char *vals[9];
+	int lens[9], fmts[9];
+	for (int i = 0; i < stmts[st].nparams; i++) {
+		vals[i] = s->arr[i].data;
+		lens[i] = (int)s->arr[i].len;
+		fmts[i] = 1;
+	}
+	return run(s, st, vals, lens, fmts, 1);
+}
+
+/* The element whose owner token row i of r (column 0) names; -1 if none. */
+static int owner_row(PGresult *r, int i, const uint8_t *const *owners, int n)
+{
+	if (PQgetisnull(r, i, 0) || PQgetlength(r, i, 0) != STORE_TOKEN_LEN)
+		return -1;
+	const char *t = PQgetvalue(r, i, 0);
+	for (int j = 0; j < n; j++)
+		if (!memcmp(owners[j], t, STORE_TOKEN_LEN))
+			return j;
+	return -1;
+}
+
+static int claim_many_once(store *s, const claim_req *const *reqs, int n,
+			   bool *inserted, char *err, size_t errlen)
+{
+	memset(inserted, 0, (size_t)n * sizeof *inserted);
+	if (store_ensure(s, err, errlen))
+		return -1;
+	static const Oid types[8] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA,
+				     OID_INT8, OID_INT8, OID_BOOL, OID_UUID};
+	for (int c = 0; c < 8; c++)
+		arr_start(&s->arr[c], types[c], n);
+	const uint8_t *owners[STORE_MANY_MAX];
+	for (int i = 0; i < n; i++) {
+		const claim_req *q = reqs[i];
+		char lease[8], ttl[8], hold = q->hold_on_unknown ? 1 : 0;
+		put_i64(lease, q->lease_ms);
+		put_i64(ttl, q->ttl_ms);
+		arr_add_str(&s->arr[0], q->tenant);
+		arr_add_str(&s->arr[1], q->operation);
+		arr_add_str(&s->arr[2], q->key);
+		arr_add(&s->arr[3], q->hash, 32);
+		arr_add(&s->arr[4], lease, 8);
+		arr_add(&s->arr[5], ttl, 8);
+		arr_add(&s->arr[6], &hold, 1);
+		arr_add(&s->arr[7], q->owner, STORE_TOKEN_LEN);
+		owners[i] = q->owner;
+	}
+	PGresult *r = run_arrays(s, ST_CLAIM_MANY);
+	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
+		PQclear(r);
+		return -1;
+	}
+	for (int i = 0; i < PQntuples(r); i++) {
+		int j = owner_row(r, i, owners, n);
+		if (j >= 0)
+			inserted[j] = true;
+	}
+	PQclear(r);
+	return 0;
+}
+
+int store_claim_new_many(store *s, const claim_req *const *reqs, int n,
+			 bool *inserted, char *err, size_t errlen)
+{
+	IP_ASSERT(n > 0 && n <= STORE_MANY_MAX && !s->citus);
+	bool was_connected = s->link.conn != NULL;
+	int rc = claim_many_once(s, reqs, n, inserted, err, errlen);
+	/* As claim_retried: an insert that did commit leaves its rows to
+	 * their own owners, whom idem_claim recognises. */
+	if (rc && was_connected && !s->link.conn)
+		rc = claim_many_once(s, reqs, n, inserted, err, errlen);
+	return rc;
 }
 
 void claim_result_clear(claim_result *r)
@@ -712,22 +932,113 @@ int store_complete(store *s, const record_key *k, int status,
 		   size_t body_len, bool replayable, const char *seal_key,
 		   bool *fenced, char *err, size_t errlen)
 {
-	uint32_t st = htonl((uint32_t)status);
-	char rep = replayable ? 1 : 0;
+	complete_req q = {k,	    status,   headers,	  headers_len,
+			  body,	    body_len, replayable, seal_key};
+	return store_complete_req(s, &q, fenced, err, errlen);
+}
+
+int store_complete_req(store *s, const complete_req *q, bool *fenced,
+		       char *err, size_t errlen)
+{
+	uint32_t st = htonl((uint32_t)q->status);
+	char rep = q->replayable ? 1 : 0;
+	const record_key *k = q->k;
 	const char *vals[9] = {k->tenant,
 			       k->operation,
 			       k->key,
 			       (const char *)k->owner,
 			       (const char *)&st,
-			       headers ? headers : "",
-			       body ? body : "",
+			       q->headers ? q->headers : "",
+			       q->body ? q->body : "",
 			       &rep,
-			       seal_key};
-	int lens[9] = {0, 0, 0, STORE_TOKEN_LEN, 4, (int)headers_len,
-		       (int)body_len, 1, 0};
+			       q->seal_key};
+	int lens[9] = {0, 0, 0, STORE_TOKEN_LEN, 4, (int)q->headers_len,
+		       (int)q->body_len, 1, 0};
 	int fmts[9] = {0, 0, 0, 1, 1, 1, 1, 1, 0};
 	return write_fenced(s, ST_COMPLETE, "completed", vals, lens, fmts,
 			    k, fenced, err, errlen);
+}
+
+static int complete_many_once(store *s, const complete_req *const *reqs,
+			      int n, bool *updated, bool *marked, char *err,
+			      size_t errlen)
+{
+	memset(updated, 0, (size_t)n * sizeof *updated);
+	memset(marked, 0, (size_t)n * sizeof *marked);
+	if (store_ensure(s, err, errlen))
+		return -1;
+	static const Oid types[9] = {OID_TEXT, OID_TEXT,  OID_TEXT,
+				     OID_UUID, OID_INT4,  OID_BYTEA,
+				     OID_BYTEA, OID_BOOL, OID_TEXT};
+	for (int c = 0; c < 9; c++)
+		arr_start(&s->arr[c], types[c], n);
+	const uint8_t *owners[STORE_MANY_MAX];
+	for (int i = 0; i < n; i++) {
+		const complete_req *q = reqs[i];
+		uint32_t st = htonl((uint32_t)q->status);
+		char rep = q->replayable ? 1 : 0;
+		arr_add_str(&s->arr[0], q->k->tenant);
+		arr_add_str(&s->arr[1], q->k->operation);
+		arr_add_str(&s->arr[2], q->k->key);
+		arr_add(&s->arr[3], q->k->owner, STORE_TOKEN_LEN);
+		arr_add(&s->arr[4], &st, 4);
+		arr_add(&s->arr[5], q->headers, (int)q->headers_len);
+		arr_add(&s->arr[6], q->body, (int)q->body_len);
+		arr_add(&s->arr[7], &rep, 1);
+		if (q->seal_key)
+			arr_add_str(&s->arr[8], q->seal_key);
+		else
+			arr_add(&s->arr[8], NULL, -1);
+		owners[i] = q->k->owner;
+	}
+	PGresult *r = run_arrays(s, ST_COMPLETE_MANY);
+	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "complete")) {
+		PQclear(r);
+		return -1;
+	}
+	for (int i = 0; i < PQntuples(r); i++) {
+		int j = owner_row(r, i, owners, n);
+		if (j < 0)
+			continue;
+		updated[j] = true;
+		marked[j] = !PQgetisnull(r, i, 1) &&
+			    PQgetvalue(r, i, 1)[0] != 0;
+	}
+	PQclear(r);
+	return 0;
+}
+
+int store_complete_many(store *s, const complete_req *const *reqs, int n,
+			bool *updated, bool *marked, bool *resent, char *err,
+			size_t errlen)
+{
+	IP_ASSERT(n > 0 && n <= STORE_MANY_MAX);
+	bool was_connected = s->link.conn != NULL;
+	*resent = false;
+	int rc = complete_many_once(s, reqs, n, updated, marked, err, errlen);
+	/* Fenced by the owner tokens, like write_fenced; the first try may
+	 * have committed, which the caller settles for the elements this one
+	 * did not write. */
+	if (rc && was_connected && !s->link.conn) {
+		*resent = true;
+		rc = complete_many_once(s, reqs, n, updated, marked, err,
+					errlen);
+	}
+	return rc;
+}
+
+int store_settle(store *s, const record_key *k, bool *fenced, char *err,
+		 size_t errlen)
+{
+	*fenced = false;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	return settle(s, k, "completed", fenced, err, errlen);
+}
+
+void store_notify_waiters(store *s, const record_key *k)
+{
+	notify_waiters(s, k);
 }
 
 int store_release(store *s, const record_key *k, bool *fenced, char *err,

@@ -243,6 +243,17 @@ def load_wake(data):
         return None
 
 
+def load_batches(data):
+    """batches.txt: the default proxy's batch counters (claim statements,
+    claims, record statements, records) before and after batch_runs."""
+    try:
+        with open(os.path.join(data, "batches.txt")) as f:
+            v = [int(x) for x in f.read().split()]
+        return v if len(v) == 8 else None
+    except (OSError, ValueError):
+        return None
+
+
 def table(rows):
     out = ["| scenario | target | conns | req/s | p50 | p99 | "
            "PostgreSQL CPU/req | proxy (or pgbench) CPU/req | errors |",
@@ -275,6 +286,31 @@ def notes(rows, rss, a):
                    "info %.0f req/s, p50 %s (info/warn = %.2f)."
                    % (warn["rps"], ms(warn["p50"]), info["rps"],
                       ms(info["p50"]), info["rps"] / warn["rps"]))
+    pairs = []
+    for c in (["16"] + ([a.wide] if a.wide else [])):
+        al, ba = find(rows, "fresh-c%s-alone" % c), find(rows, "fresh-c%s-batch" % c)
+        if al and ba:
+            pairs.append("%s connections %.0f against %.0f req/s (%.2f x), "
+                         "PostgreSQL's CPU %s against %s per request, the "
+                         "proxy's %s against %s"
+                         % (c, ba["rps"], al["rps"], ba["rps"] / al["rps"],
+                            us(ba["cpu_pg"]), us(al["cpu_pg"]),
+                            us(ba["cpu_px"]), us(al["cpu_px"])))
+    if pairs:
+        line = ("- database.batch (first attempts claimed and recorded "
+                "together), the default 64 against 1 (each alone), two "
+                "proxies interleaved: " + "; ".join(pairs) + ".")
+        b = load_batches(a.data)
+        if b and b[4] > b[0] and b[6] > b[2]:
+            line += (" Over those rows the default proxy's claims went "
+                     "out %.1f to a statement and its records %.1f "
+                     "(idemproxy_store_batched_total over "
+                     "idemproxy_store_batches_total; a claim or record "
+                     "that found none of its kind with the database went "
+                     "alone and is not counted)."
+                     % ((b[5] - b[1]) / (b[4] - b[0]),
+                        (b[7] - b[3]) / (b[6] - b[2])))
+        out.append(line)
     r16, pr16 = find(rows, "replay-c16"), find(rows, "pgbench-replay-c16")
     n16 = find(rows, "nginx-replay-c16")
     if r16 and pr16 and n16:

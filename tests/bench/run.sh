@@ -62,6 +62,7 @@ STUB_PID=""
 PROXY_PID=""
 BUSY_PID=""
 SEAL_PID=""
+ALONE_PID=""
 NGINX_PID=""
 WRK_PID=""
 PGB_PID=""
@@ -85,6 +86,7 @@ cleanup() {
 	stop_pid "$PROXY_PID"
 	stop_pid "$BUSY_PID"
 	stop_pid "$SEAL_PID"
+	stop_pid "$ALONE_PID"
 	stop_pid "$NGINX_PID" QUIT
 	stop_pid "$STUB_PID"
 	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
@@ -172,6 +174,64 @@ seal_run() {
 	PROXY_PID=$SEAL_PID PROXY=$SEAL_PROXY ADMIN=$SEAL_ADMIN
 	"$@"
 	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin
+}
+
+# A fourth idemproxy with database.batch = 1 (every claim and record alone):
+# ALONE_PID, ALONE_PROXY, ALONE_ADMIN. alone_run ARGS...: proxy_run through
+# it.
+start_alone_proxy() {
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN port=$PROXY_PORT
+	local aport=$ADMIN_PORT
+	PROXY_PORT=$(free_port)
+	ADMIN_PORT=$(free_port)
+	CONF_NAME=idemproxy-alone DB_EXTRA="batch = 1;" start_proxy warn
+	ALONE_PID=$PROXY_PID ALONE_PROXY=$PROXY ALONE_ADMIN=$ADMIN
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin PROXY_PORT=$port
+	ADMIN_PORT=$aport
+}
+
+alone_run() {
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN
+	PROXY_PID=$ALONE_PID PROXY=$ALONE_PROXY ADMIN=$ALONE_ADMIN
+	"$@"
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin
+}
+
+# What batching first attempts buys: fresh keys at 16 and WIDE connections
+# through the proxy with database.batch = 1 and through the default one,
+# interleaved; and the mean batch over them, from the default proxy's
+# counters.
+batch_runs() {
+	local dur=$DUR s c b0 b1
+	RECORD=0
+	DUR=2
+	alone_run proxy_run warmup-alone fresh 16 2
+	RECORD=1
+	DUR=$(((dur + 1) / 2))
+	b0=$(batch_counts)
+	for c in 16 ${WIDE:+"$WIDE"}; do
+		for s in 1 2; do
+			alone_run proxy_run "fresh-c$c-alone" fresh "$c" 2 "" \
+				"database.batch = 1 (pair)"
+			proxy_run "fresh-c$c-batch" fresh "$c" 2 "" \
+				"database.batch = 64 (pair)"
+		done
+	done
+	b1=$(batch_counts)
+	echo "$b0 $b1" >"$DATA/batches.txt"
+	DUR=$dur
+	stub_take
+}
+
+# The default proxy's batch counters: claim statements, claims, record
+# statements, records.
+batch_counts() {
+	curl -fsS "$ADMIN/metrics" | awk '
+		/^idemproxy_store_batches_total\{kind="claim"\}/ { cs = $2 }
+		/^idemproxy_store_batched_total\{kind="claim"\}/ { cn = $2 }
+		/^idemproxy_store_batches_total\{kind="record"\}/ { rs = $2 }
+		/^idemproxy_store_batched_total\{kind="record"\}/ { rn = $2 }
+		END { printf "%d %d %d %d\n", cs, cn, rs, rn }'
 }
 
 # Fresh keys and replays with store_encryption on, interleaved with the same
@@ -722,6 +782,7 @@ main() {
 	start_proxy warn
 	start_busy_proxy
 	start_seal_proxy
+	start_alone_proxy
 	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers; with busy_poll $BUSY: $BUSY_PROXY"
 
 	warm_up
@@ -731,6 +792,7 @@ main() {
 	target_runs
 	other_runs
 	seal_runs
+	batch_runs
 	rss_run
 	# What a log line per request costs: the same run at both levels, back
 	# to back on the process the memory check warmed up.

@@ -1,6 +1,7 @@
 """Database and metrics support for the failure, reaper and crash tests:
 records written straight into the table, waiting for a record's state,
 proof that the reaper has run, and reading the admin /metrics endpoint."""
+import psycopg
 import requests
 
 from helpers import TIMEOUT, new_key, wait_until
@@ -87,3 +88,38 @@ def undo_migration_008(pg):
                "idempotency_records_state_check CHECK (state = ANY "
                "(ARRAY['processing'::text, 'completed'::text, 'released'::text]))")
     assert pg.execute("DELETE FROM schema_migrations WHERE version = 8") == 1
+
+
+class HeldRows:
+    """A transaction of the test's: insert() leaves a record uncommitted
+    (the proxy's insert of that key waits for it), lock() locks a record's
+    row (the proxy's update of it waits). release() rolls back: the
+    inserts never happened, the locks are gone."""
+
+    def __init__(self, pg):
+        self.pg = pg
+        self.conn = psycopg.connect(pg.url)
+
+    def insert(self, key):
+        self.conn.execute(
+            "INSERT INTO idempotency_records (tenant, operation, idem_key, "
+            "request_hash, state, owner_token, lease_until, expires_at) "
+            "VALUES ('default', 'create_payment', %s, '\\x00', 'processing', "
+            "gen_random_uuid(), now() + interval '1 hour', "
+            "now() + interval '1 hour')", (key,))
+
+    def lock(self, *keys):
+        n = len(self.conn.execute(
+            "SELECT 1 FROM idempotency_records WHERE idem_key = ANY(%s) "
+            "FOR UPDATE", (list(keys),)).fetchall())
+        assert n == len(keys)
+
+    def release(self):
+        self.conn.rollback()
+        self.conn.close()
+
+
+def lock_waits(pg):
+    return pg.query("SELECT count(*) AS n FROM pg_stat_activity "
+                    "WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'")[0]["n"]

@@ -16,7 +16,9 @@ from conftest import ADMIN_TOKEN, CITUS, ROOT, run_binary
 from helpers import TIMEOUT, assert_problem, is_replay, new_key, raw_request, wait_until
 from misbehaving import RawUpstream, Respond
 from pg_relay import PgRelay
-from store_support import PAY, insert_record, pay, reaper_pass, undo_migration_008
+from store_support import (PAY, HeldRows, insert_record, lock_waits, pay, reaper_pass,
+                           undo_migration_008)
+from test_ops import scrape
 
 BODY = b'{"amount":100,"currency":"EUR"}'
 
@@ -155,19 +157,64 @@ def test_reaper_never_purges_or_reuses_a_record_with_a_live_lease(make_proxy, st
 
 # --- A4: a claim repeated after its connection broke ---------------------------
 
+# A fresh key's claim is one insert: claim_many when it goes with others
+# (database.batch > 1, the default with fiber workers, and a claim already
+# with the database), claim_new when it goes alone; a key that exists then
+# goes through idem_claim, which finds its own token. A record is
+# complete_many or complete likewise.
+ALONE_OR_BATCHED = [pytest.param(1, "claim_new", "complete", id="alone"),
+                    pytest.param(64, "claim_many", "complete_many", id="batched")]
+
+
+class Busy:
+    """For the batched variants: one request whose claim (claim=True) or
+    record waits on its worker's own connection for a row the test holds,
+    so that the next of its kind goes to the batch connection. A no-op
+    when batch is 1."""
+
+    def __init__(self, proxy, stub, pg, batch, claim):
+        self.held = self.thread = None
+        if batch == 1:
+            return
+        key = new_key("busy")
+        self.key, self.out = key, []
+        self.held = HeldRows(pg)
+        if claim:
+            self.held.insert(key)
+        else:
+            stub.configure({"prefix": PAY, "key": key, "gate": "busy"}, append=True)
+        self.thread = threading.Thread(target=lambda: self.out.append(pay(proxy, key)))
+        self.thread.start()
+        if not claim:
+            stub.wait_for(key=key)
+            self.held.lock(key)
+            stub.release("busy")
+        wait_until(lambda: lock_waits(pg) == 1, what="the busy request waiting")
+
+    def release(self):
+        if self.held is None:
+            return
+        self.held.release()
+        self.thread.join(TIMEOUT)
+        assert self.out and self.out[0].status_code == 201
+
+
 @pytest.mark.no_replay_cache
+@pytest.mark.parametrize("batch,claim,_record", ALONE_OR_BATCHED)
 def test_claim_repeated_after_its_answer_was_lost_is_the_same_attempt(
-        make_proxy, stub, pg):
+        make_proxy, stub, pg, batch, claim, _record):
     relay = PgRelay(pg.cluster.port)
     try:
-        proxy = make_proxy(top={"workers": 1, "database": {"url": relay.url(pg.name)}})
+        proxy = make_proxy(top={"workers": 2, "worker_model": "fibers",
+                                "database": {"url": relay.url(pg.name),
+                                             "batch": batch}})
         warm = new_key("warm")
         assert pay(proxy, warm).status_code == 201
         key = new_key("lost-answer")
-        # A fresh key's claim is the claim_new insert (a key that exists
-        # then goes through idem_claim, which finds its own token).
-        relay.arm("claim_new")
+        busy = Busy(proxy, stub, pg, batch, claim=True)
+        relay.arm(claim)
         r = pay(proxy, key)
+        busy.release()
         assert relay.tripped == 1, "the relay did not lose the claim's answer"
         assert r.status_code == 201 and not is_replay(r), r.content
         assert stub.count(key=key) == 1
@@ -177,6 +224,41 @@ def test_claim_repeated_after_its_answer_was_lost_is_the_same_attempt(
         assert again.status_code == 201 and is_replay(again)
         assert again.content == r.content
         assert stub.count(key=key) == 1
+    finally:
+        relay.stop()
+
+
+@pytest.mark.no_replay_cache
+@pytest.mark.parametrize("batch,_claim,record", ALONE_OR_BATCHED)
+def test_record_repeated_after_its_answer_was_lost_is_recorded_once(
+        make_proxy, stub, pg, batch, _claim, record):
+    """The record committed, its answer was lost with the connection: the
+    write goes out again on a fresh one, finds the record already completed
+    under its own owner token, and counts that as done (not fenced, not
+    deferred): the client gets its 201 and every retry the replay."""
+    relay = PgRelay(pg.cluster.port)
+    try:
+        proxy = make_proxy(top={"workers": 2, "worker_model": "fibers",
+                                "database": {"url": relay.url(pg.name),
+                                             "batch": batch}})
+        assert pay(proxy, new_key("warm")).status_code == 201
+        key = new_key("lost-record")
+        busy = Busy(proxy, stub, pg, batch, claim=False)
+        relay.arm(record)
+        r = pay(proxy, key)
+        busy.release()
+        assert relay.tripped == 1, "the relay did not lose the record's answer"
+        assert r.status_code == 201 and not is_replay(r), r.content
+        rec = pg.record(key)
+        assert rec["state"] == "completed" and rec["attempt"] == 1, rec
+        assert rec["response_status"] == 201
+        again = pay(proxy, key)
+        assert again.status_code == 201 and is_replay(again)
+        assert again.content == r.content
+        assert stub.count(key=key) == 1
+        m = scrape(proxy)
+        assert m.value("idemproxy_events_total", event="record_fenced") == 0
+        assert m.value("idemproxy_events_total", event="record_deferred") == 0
     finally:
         relay.stop()
 
