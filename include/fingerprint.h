@@ -48,4 +48,12 @@ typedef struct fp_input {
  * (then ignore and only do not apply: the whole body counts). Thread-safe. */
 void fp_compute(const fp_input *in, uint8_t out[FP_LEN]);
 
+/* The fields fp_compute hashes, as sent (the body not canonicalised, the
+ * content type whole, the ignore and only pointers as written),
+ * length-prefixed into out: two inputs with the same raw form have the same
+ * fingerprint, which a byte comparison tells without parsing the body. Not
+ * the other way round: another spelling of the same JSON has another raw
+ * form. False (out not usable) when it would exceed max bytes. */
+bool fp_raw_form(const fp_input *in, size_t max, ip_buf *out);
+
 #endif

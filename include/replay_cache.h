@@ -25,6 +25,10 @@ typedef struct replay_key {
 
 typedef struct replay_entry {
 	const uint8_t *hash; /* FP_LEN bytes */
+	/* fp_raw_form of a request with this fingerprint; NULL: none (the
+	 * entry is found by its fingerprint only) */
+	const char *raw;
+	size_t raw_len;
 	int status;
 	const char *headers; /* the stored "Name: value\r\n" form */
 	size_t headers_len;
@@ -57,6 +61,15 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 bool replay_cache_get(replay_cache *c, const replay_key *k,
 		      const uint8_t hash[FP_LEN], double now_ms, int *status,
 		      ip_buf *headers, ip_buf *body);
+
+/* The same, matching the raw form the entry was put with: a retry sent
+ * byte for byte as the request the entry came from, found without
+ * canonicalising its body. A miss says nothing about the fingerprint. */
+bool replay_cache_get_raw(replay_cache *c, const replay_key *k,
+			  const char *raw, size_t raw_len, double now_ms,
+			  int *status, ip_buf *headers, ip_buf *body);
+/* Whether k has an unexpired entry (whatever its fingerprint). */
+bool replay_cache_has(replay_cache *c, const replay_key *k, double now_ms);
 
 /* Drops k's entry, and any put of k whose generation was read before. */
 void replay_cache_forget(replay_cache *c, const replay_key *k);

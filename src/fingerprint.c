@@ -471,20 +471,17 @@ static void put_body(EVP_MD_CTX *ctx, const fp_input *in, bool json)
 	put_field(ctx, body, len);
 }
 
-void fp_compute(const fp_input *in, uint8_t out[FP_LEN])
+/* What fp_compute and fp_compute_raw hash before the body. */
+static void put_head(EVP_MD_CTX *ctx, const fp_input *in, const char **mt,
+		     size_t *mtlen)
 {
-	EVP_MD_CTX *ctx = thread_ctx();
-	unsigned int outlen = 0;
-	const char *mt;
-	size_t mtlen;
-
 	IP_ASSERT(EVP_DigestInit_ex2(ctx, sha256, NULL) == 1);
 	put_str(ctx, FP_VERSION_TAG);
 	put_str(ctx, in->method);
 	put_str(ctx, in->route);
 	put_str(ctx, in->raw_target);
-	media_type_span(in->content_type, &mt, &mtlen);
-	put_lower(ctx, mt, mtlen);
+	media_type_span(in->content_type, mt, mtlen);
+	put_lower(ctx, *mt, *mtlen);
 	put_len(ctx, in->n_headers);
 	for (size_t i = 0; i < in->n_headers; i++) {
 		const char *name = in->header_names ? in->header_names[i] : NULL;
@@ -498,7 +495,76 @@ void fp_compute(const fp_input *in, uint8_t out[FP_LEN])
 			put_str(ctx, value);
 		}
 	}
-	put_body(ctx, in, is_json_span(mt, mtlen));
+}
+
+static void put_end(EVP_MD_CTX *ctx, uint8_t out[FP_LEN])
+{
+	unsigned int outlen = 0;
 	IP_ASSERT(EVP_DigestFinal_ex(ctx, out, &outlen) == 1);
 	IP_ASSERT(outlen == FP_LEN);
+}
+
+void fp_compute(const fp_input *in, uint8_t out[FP_LEN])
+{
+	EVP_MD_CTX *ctx = thread_ctx();
+	const char *mt;
+	size_t mtlen;
+	put_head(ctx, in, &mt, &mtlen);
+	put_body(ctx, in, is_json_span(mt, mtlen));
+	put_end(ctx, out);
+}
+
+/* fp_raw_form's fields: a length (8 bytes, big-endian), then the bytes. */
+static void raw_len(ip_buf *out, uint64_t n)
+{
+	uint8_t be[8];
+	for (int i = 7; i >= 0; i--) {
+		be[i] = (uint8_t)(n & 0xff);
+		n >>= 8;
+	}
+	ip_buf_append(out, be, sizeof be);
+}
+
+static void raw_str(ip_buf *out, const char *s)
+{
+	size_t n = s ? strlen(s) : 0;
+	raw_len(out, n);
+	ip_buf_append(out, s ? s : "", n);
+}
+
+/* A NULL string apart from an empty one. */
+static void raw_opt(ip_buf *out, const char *s)
+{
+	uint8_t m = s ? FP_PRESENT : FP_ABSENT;
+	ip_buf_append(out, &m, 1);
+	raw_str(out, s);
+}
+
+static void raw_pointers(ip_buf *out, jsonptr *const *p, size_t n)
+{
+	raw_len(out, n);
+	for (size_t i = 0; i < n; i++)
+		raw_str(out, p[i]->text);
+}
+
+bool fp_raw_form(const fp_input *in, size_t max, ip_buf *out)
+{
+	ip_buf_reset(out);
+	size_t body_len = in->body ? in->body_len : 0;
+	if (body_len > max)
+		return false;
+	raw_str(out, in->method);
+	raw_str(out, in->route);
+	raw_str(out, in->raw_target);
+	raw_opt(out, in->content_type);
+	raw_len(out, in->n_headers);
+	for (size_t i = 0; i < in->n_headers; i++) {
+		raw_str(out, in->header_names ? in->header_names[i] : NULL);
+		raw_opt(out, in->header_values ? in->header_values[i] : NULL);
+	}
+	raw_pointers(out, in->ignore, in->n_ignore);
+	raw_pointers(out, in->only, in->n_only);
+	raw_len(out, body_len);
+	ip_buf_append(out, in->body ? in->body : "", body_len);
+	return out->len <= max;
 }

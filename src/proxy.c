@@ -287,11 +287,19 @@ static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 	upstream_resp_free(&resp);
 }
 
-static void compute_fingerprint(const job *j, const route_cfg *r,
-				uint8_t out[FP_LEN])
+/* A request's raw form (fp_raw_form) is kept in a cache entry only up to
+ * this size: larger ones are found by their fingerprint. */
+#define RAW_FORM_MAX 4096
+
+/* The fingerprint of j's request into fp, or (fp NULL) its raw form into
+ * raw; false when the raw form is larger than RAW_FORM_MAX. */
+static bool fingerprint_of(const job *j, const route_cfg *r,
+			   uint8_t fp[FP_LEN], ip_buf *raw)
 {
 	size_t n = r->fingerprint_headers.n;
-	const char **values = xcalloc(n ? n : 1, sizeof *values);
+	const char *one[1];
+	const char **values =
+		n <= 1 ? one : xcalloc(n, sizeof *values);
 	for (size_t i = 0; i < n; i++)
 		values[i] = header_list_get(&j->req_headers,
 					    r->fingerprint_headers.v[i]);
@@ -311,9 +319,24 @@ static void compute_fingerprint(const job *j, const route_cfg *r,
 		.only = r->fp_only,
 		.n_only = r->n_fp_only,
 	};
-	fp_compute(&in, out);
-	free(values);
+	bool ok = true;
+	if (fp)
+		fp_compute(&in, fp);
+	else
+		ok = fp_raw_form(&in, RAW_FORM_MAX, raw);
+	if (values != one)
+		free(values);
+	return ok;
 }
+
+static void compute_fingerprint(const job *j, const route_cfg *r,
+				uint8_t out[FP_LEN])
+{
+	(void)fingerprint_of(j, r, out, NULL);
+}
+
+/* The raw forms of the thread's requests are built here. */
+static __thread ip_buf raw_form;
 
 /* The stored coding goes with the body whatever replay_headers says; a
  * retry that does not accept it gets the body decoded. What cannot be
@@ -382,7 +405,18 @@ static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
 	if (!w->cache || j->cfg->replay_cache_ttl_ms <= 0)
 		return;
 	replay_key k = {p->tenant, p->route->name, p->key};
-	replay_entry e = {j->fp, status, headers, headers_len, body, body_len};
+	/* Retries are mostly this request again, byte for byte: the fast
+	 * path then finds the entry by the request's raw form, without
+	 * parsing the body. */
+	bool raw = fingerprint_of(j, p->route, NULL, &raw_form);
+	replay_entry e = {.hash = j->fp,
+			  .raw = raw ? raw_form.data : NULL,
+			  .raw_len = raw ? raw_form.len : 0,
+			  .status = status,
+			  .headers = headers,
+			  .headers_len = headers_len,
+			  .body = body,
+			  .body_len = body_len};
 	replay_cache_put(w->cache, &k, &e,
 			 cache_deadline(j, w->cache_expires_ms), w->cache_gen);
 }
@@ -916,13 +950,26 @@ bool proxy_fast_path(void *arg, job *j)
 	if (p->action != IDEM_CLAIM || !sh->cache ||
 	    !replay_cache_enabled(sh->cache))
 		return false;
-	compute_fingerprint(j, p->route, j->fp);
-	j->has_fp = true;
 	replay_key k = {p->tenant, p->route->name, p->key};
 	int status;
 	ip_buf h = {0}, b = {0};
-	bool hit = replay_cache_get(sh->cache, &k, j->fp, ip_now_ms(), &status,
-				    &h, &b);
+	bool hit = false;
+	double now = ip_now_ms();
+	/* A retry sent as its first attempt was is found by its raw form
+	 * (no canonical JSON on the event thread); another spelling of the
+	 * same payload by its fingerprint, which a worker needs anyway when
+	 * there is no entry. */
+	if (replay_cache_has(sh->cache, &k, now) &&
+	    fingerprint_of(j, p->route, NULL, &raw_form))
+		hit = replay_cache_get_raw(sh->cache, &k, raw_form.data,
+					   raw_form.len, now, &status, &h,
+					   &b);
+	if (!hit) {
+		compute_fingerprint(j, p->route, j->fp);
+		j->has_fp = true;
+		hit = replay_cache_get(sh->cache, &k, j->fp, now, &status, &h,
+				       &b);
+	}
 	/* A body to decode is left to a worker, which replays it from the
 	 * store the same way. */
 	if (hit && replay_decodes(j, h.data ? h.data : "", h.len))

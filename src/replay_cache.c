@@ -20,8 +20,9 @@ typedef struct entry {
 	int status;
 	double expires_ms;
 	size_t headers_len, body_len;
+	size_t raw_len;            /* 0: no raw form */
 	size_t size;
-	char data[];               /* id, then headers, then body */
+	char data[];               /* id, headers, body, then the raw form */
 } entry;
 
 /* Keys are chosen by clients and the chains are walked on the event thread
@@ -147,7 +148,8 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 	size_t n = id_build(k, id, sizeof id);
 	if (!n)
 		return;
-	size_t size = sizeof(entry) + n + r->headers_len + r->body_len;
+	size_t raw_len = r->raw ? r->raw_len : 0;
+	size_t size = sizeof(entry) + n + r->headers_len + r->body_len + raw_len;
 	pthread_mutex_lock(&c->mu);
 	bool fits = size <= c->max_bytes;
 	pthread_mutex_unlock(&c->mu);
@@ -168,6 +170,10 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 		memcpy(e->data + n, r->headers, r->headers_len);
 	if (r->body_len)
 		memcpy(e->data + n + r->headers_len, r->body, r->body_len);
+	e->raw_len = raw_len;
+	if (raw_len)
+		memcpy(e->data + n + r->headers_len + r->body_len, r->raw,
+		       raw_len);
 
 	double now = ip_now_ms();
 	pthread_mutex_lock(&c->mu);
@@ -196,9 +202,12 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 	pthread_mutex_unlock(&c->mu);
 }
 
-bool replay_cache_get(replay_cache *c, const replay_key *k,
-		      const uint8_t hash[FP_LEN], double now_ms, int *status,
-		      ip_buf *headers, ip_buf *body)
+enum match { BY_FP, BY_RAW, ANY };
+
+/* k's unexpired entry, if it matches h as `by` says: copied out. */
+static bool lookup(replay_cache *c, const replay_key *k, enum match by,
+		   const void *h, size_t h_len, double now_ms, int *status,
+		   ip_buf *headers, ip_buf *body)
 {
 	char id[3 * 256 + 8];
 	size_t n = id_build(k, id, sizeof id);
@@ -213,7 +222,14 @@ bool replay_cache_get(replay_cache *c, const replay_key *k,
 		drop(c, slot);
 		e = NULL;
 	}
-	if (e && !memcmp(e->hash, hash, FP_LEN)) {
+	bool match = e && (by == ANY ||
+			   (by == BY_FP && !memcmp(e->hash, h, FP_LEN)) ||
+			   (by == BY_RAW && e->raw_len && e->raw_len == h_len &&
+			    !memcmp(e->data + n + e->headers_len + e->body_len,
+				    h, h_len)));
+	if (match && by == ANY) {
+		hit = true;
+	} else if (match) {
 		*status = e->status;
 		ip_buf_append(headers, e->data + n, e->headers_len);
 		ip_buf_append(body, e->data + n + e->headers_len,
@@ -222,6 +238,27 @@ bool replay_cache_get(replay_cache *c, const replay_key *k,
 	}
 	pthread_mutex_unlock(&c->mu);
 	return hit;
+}
+
+bool replay_cache_get(replay_cache *c, const replay_key *k,
+		      const uint8_t hash[FP_LEN], double now_ms, int *status,
+		      ip_buf *headers, ip_buf *body)
+{
+	return lookup(c, k, BY_FP, hash, FP_LEN, now_ms, status, headers,
+		      body);
+}
+
+bool replay_cache_get_raw(replay_cache *c, const replay_key *k,
+			  const char *raw, size_t raw_len, double now_ms,
+			  int *status, ip_buf *headers, ip_buf *body)
+{
+	return lookup(c, k, BY_RAW, raw, raw_len, now_ms, status, headers,
+		      body);
+}
+
+bool replay_cache_has(replay_cache *c, const replay_key *k, double now_ms)
+{
+	return lookup(c, k, ANY, NULL, 0, now_ms, NULL, NULL, NULL);
 }
 
 void replay_cache_forget(replay_cache *c, const replay_key *k)

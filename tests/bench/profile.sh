@@ -8,7 +8,10 @@
 #   1 startup   up to the first /readyz answer
 #   2 idle      BENCH_PROFILE_IDLE_S seconds of nothing: the baseline rate
 #   3 forward   N first attempts, one at a time (tests/bench/client.py)
-#   4 replay    the same N requests again: N replays
+#   4 replay    the same N requests again: N replays, from the replay cache
+#               (replay_cache_ttl is 10m here: under callgrind the forward
+#               phase outlasts the default 10s, and its entries would be
+#               gone, leaving the store's replays to be counted instead)
 # Per request = (phase Ir - idle Ir/s x phase seconds) / N. Only idemproxy's
 # own process is counted (libraries included; PostgreSQL and the kernel not).
 #
@@ -109,7 +112,8 @@ main() {
 	note "idemproxy under callgrind, $WORKERS workers; $N forwards, then $N replays"
 	# Uncompressed names: each dump must name its functions itself for
 	# callgrind_annotate to read it alone.
-	PROXY_WAIT_TENTHS=600 start_proxy "$LOG_LEVEL" valgrind --tool=callgrind \
+	EXTRA_CONF='replay_cache_ttl = "10m";' PROXY_WAIT_TENTHS=600 \
+		start_proxy "$LOG_LEVEL" valgrind --tool=callgrind \
 		--compress-strings=no --compress-pos=no \
 		--callgrind-out-file="$ROOT/$CG/callgrind.out" --log-file="$ROOT/$LOGS/valgrind.log"
 	dump startup

@@ -46,6 +46,40 @@ def test_replay_is_served_without_the_store(make_proxy, stub, pg):
     assert after == hits + 1
 
 
+def test_a_retry_as_sent_or_respelled_is_served_from_memory(make_proxy, stub, pg):
+    """A retry sent byte for byte as the first attempt is found by its raw
+    form, one spelled another way by its fingerprint: both without the
+    store. Another payload is never taken for either."""
+    proxy = make_proxy(top={"database": {"url": pg.url,
+                                         "statement_timeout": "300ms"}})
+    key = new_key()
+    json_h = {"Content-Type": "application/json"}
+
+    def send(body):
+        return proxy.post("/v1/payments", key=key, data=body, headers=json_h)
+    first = send(b'{"amount": 5, "currency": "EUR"}')
+    assert first.status_code == 201
+    hits = metrics(proxy).get('idemproxy_events_total{event="replay_cache_hit"}', 0)
+    lock = lock_table(pg)
+    try:
+        exact = send(b'{"amount": 5, "currency": "EUR"}')
+        respelled = send(b'{"currency":"EUR",  "amount":5}')
+        other = send(b'{"amount": 6, "currency": "EUR"}')
+        prefix = send(b'{"amount": 5, "currency": "EUR"} ')
+    finally:
+        lock.rollback()
+        lock.close()
+    for r in (exact, respelled, prefix):
+        assert r.status_code == 201 and is_replay(r) and r.content == first.content
+    # not in memory: the store is asked, and cannot answer under the lock
+    assert_problem(other, 503, "idempotency_store_unavailable")
+    after = metrics(proxy)['idemproxy_events_total{event="replay_cache_hit"}']
+    assert after == hits + 3
+    assert_problem(send(b'{"amount": 6, "currency": "EUR"}'), 409,
+                   "idempotency_key_mismatch")
+    assert len(stub.requests(key=key)) == 1
+
+
 @pytest.mark.no_replay_cache
 def test_without_the_cache_a_replay_needs_the_store(make_proxy, stub, pg):
     proxy = make_proxy(top={"database": {"url": pg.url,

@@ -341,6 +341,71 @@ static void test_fp_ignore(void **state)
 		jsonptr_free(ign[i]);
 }
 
+static void raw_is_same(const fp_input *a, const fp_input *b, bool same)
+{
+	ip_buf x = {0}, y = {0};
+	assert_true(fp_raw_form(a, 1 << 20, &x));
+	assert_true(fp_raw_form(b, 1 << 20, &y));
+	assert_int_equal(same, x.len == y.len && !memcmp(x.data, y.data, x.len));
+	ip_buf_free(&x);
+	ip_buf_free(&y);
+}
+
+/* The raw form: equal for a request sent again byte for byte (and then
+ * the fingerprint is equal too), different for another spelling of the
+ * same JSON (which the fingerprint still equates), for any field, for
+ * another ignore or only list, and when it would not fit. */
+static void test_fp_raw_form(void **state)
+{
+	(void)state;
+	fp_input a = base(), b = base();
+	raw_is_same(&a, &b, true);
+	assert_same(&a, &b);
+
+	with_body(&b, "{\"b\":2,\"a\":1}");
+	assert_same(&a, &b);
+	raw_is_same(&a, &b, false);
+
+	b = base();
+	b.raw_target = "/v1/payments?x=2";
+	raw_is_same(&a, &b, false);
+	b = base();
+	b.route = "other";
+	raw_is_same(&a, &b, false);
+	b = base();
+	b.content_type = NULL;
+	raw_is_same(&a, &b, false);
+	/* A field's bytes cannot slide into the next one. */
+	fp_input c = base(), d = base();
+	c.method = "POS";
+	c.route = "Tcreate_payment";
+	d.method = "POST";
+	d.route = "create_payment";
+	raw_is_same(&c, &d, false);
+
+	jsonptr *ign[] = {ptr("/a")}, *ign2[] = {ptr("/b")};
+	b = base();
+	b.ignore = ign;
+	b.n_ignore = 1;
+	raw_is_same(&a, &b, false);
+	c = base();
+	c.ignore = ign2;
+	c.n_ignore = 1;
+	raw_is_same(&b, &c, false);
+	c = base();
+	c.only = ign;
+	c.n_only = 1;
+	raw_is_same(&b, &c, false);
+
+	ip_buf x = {0};
+	assert_false(fp_raw_form(&a, a.body_len, &x));
+	assert_true(fp_raw_form(&a, 4096, &x));
+	assert_false(fp_raw_form(&a, x.len - 1, &x));
+	ip_buf_free(&x);
+	jsonptr_free(ign[0]);
+	jsonptr_free(ign2[0]);
+}
+
 /* fingerprint_only: only the named values make the payload. */
 static void test_fp_only(void **state)
 {
@@ -647,6 +712,7 @@ int main(void)
 		cmocka_unit_test(test_canon_appends),
 		cmocka_unit_test(test_media_type),
 		cmocka_unit_test(test_fp_deterministic),
+		cmocka_unit_test(test_fp_raw_form),
 		cmocka_unit_test(test_fp_json_canonical),
 		cmocka_unit_test(test_fp_invalid_json_hashed_raw),
 		cmocka_unit_test(test_fp_non_json_not_canonicalised),

@@ -15,6 +15,9 @@
 
 static const uint8_t H1[FP_LEN] = {1};
 static const uint8_t H2[FP_LEN] = {2};
+/* The raw form every put here carries. */
+#define RAW "request-as-sent"
+#define RAW2 "request-as-sent-other"
 
 /* A put that carries the generation read just before it, as a worker's
  * does when nothing raced it. */
@@ -22,8 +25,14 @@ static void put_gen(replay_cache *c, const char *key, const uint8_t *hash,
 		    const char *body, double expires, uint64_t gen)
 {
 	replay_key k = {"t", "op", key};
-	replay_entry e = {hash, 201, "Content-Type: a/b\r\n", 19, body,
-			  strlen(body)};
+	replay_entry e = {.hash = hash,
+			  .raw = RAW,
+			  .raw_len = strlen(RAW),
+			  .status = 201,
+			  .headers = "Content-Type: a/b\r\n",
+			  .headers_len = 19,
+			  .body = body,
+			  .body_len = strlen(body)};
 	replay_cache_put(c, &k, &e, expires, gen);
 }
 
@@ -79,6 +88,54 @@ static void test_hit_needs_same_key_and_fingerprint(void **state)
 	assert_false(replay_cache_get(c, &ambiguous, H1, 10, &st, &h, &b));
 	ip_buf_free(&b);
 	ip_buf_free(&h);
+	replay_cache_free(c);
+}
+
+static bool get_raw(replay_cache *c, const char *key, const char *raw,
+		    double now)
+{
+	replay_key k = {"t", "op", key};
+	int status = 0;
+	ip_buf h = {0}, b = {0};
+	bool hit = replay_cache_get_raw(c, &k, raw, strlen(raw), now, &status,
+					&h, &b);
+	if (hit)
+		assert_int_equal(status, 201);
+	ip_buf_free(&h);
+	ip_buf_free(&b);
+	return hit;
+}
+
+/* The raw form finds the entry as the fingerprint does; another raw form
+ * (a prefix of it too) misses, and an entry put without one is found only
+ * by its fingerprint. */
+static void test_raw_fingerprint_finds_the_same_entry(void **state)
+{
+	(void)state;
+	replay_cache *c = replay_cache_new(1 << 20);
+	replay_key k = {"t", "op", "k1"};
+	assert_false(replay_cache_has(c, &k, 0));
+	put(c, "k1", H1, "body1", 100);
+	assert_true(replay_cache_has(c, &k, 0));
+	assert_true(get_raw(c, "k1", RAW, 0));
+	assert_false(get_raw(c, "k1", RAW2, 0));
+	assert_false(get_raw(c, "k1", "request-as", 0));
+	assert_false(get_raw(c, "k2", RAW, 0));
+	assert_false(get_raw(c, "k1", RAW, 100)); /* expired */
+	assert_false(replay_cache_has(c, &k, 100));
+
+	replay_key k3 = {"t", "op", "k3"};
+	replay_entry e = {.hash = H1, .status = 201, .body = "b", .body_len = 1};
+	replay_cache_put(c, &k3, &e, 100, replay_cache_generation(c, &k3));
+	assert_true(replay_cache_has(c, &k3, 0));
+	assert_false(get_raw(c, "k3", RAW, 0));
+	int status = 0;
+	ip_buf h = {0}, b = {0};
+	assert_true(replay_cache_get(c, &k3, H1, 0, &status, &h, &b));
+	assert_int_equal(status, 201);
+	assert_int_equal(b.len, 1);
+	ip_buf_free(&h);
+	ip_buf_free(&b);
 	replay_cache_free(c);
 }
 
@@ -301,6 +358,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hit_needs_same_key_and_fingerprint),
+		cmocka_unit_test(test_raw_fingerprint_finds_the_same_entry),
 		cmocka_unit_test(test_expired_entries_miss_and_go),
 		cmocka_unit_test(test_expired_entries_go_when_new_ones_come),
 		cmocka_unit_test(test_forget_and_replace),
