@@ -25,7 +25,7 @@ TSAN_OPT := $(SAN_BASE) -fsanitize=thread
 
 TSAN_TESTS ?= tests/integration/test_concurrency.py \
 	tests/integration/test_replay_cache.py tests/integration/test_instances.py \
-	tests/integration/test_busy_poll.py
+	tests/integration/test_busy_poll.py tests/integration/test_batch.py
 
 ASAN_REPORTS := $(abspath build-asan/reports)
 TSAN_REPORTS := $(abspath build-tsan/reports)

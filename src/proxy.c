@@ -38,6 +38,7 @@ typedef struct proxy_worker {
 	ip_buf scratch;
 	ip_buf sealed_h, sealed_b; /* a response as stored, when sealed */
 	ip_buf plain_h, plain_b;   /* a sealed record, opened */
+	ip_buf raw;                /* a request's raw form, for the cache */
 } proxy_worker;
 
 void *proxy_worker_init(void *arg, int index)
@@ -70,6 +71,7 @@ void proxy_worker_fini(void *ctx)
 	ip_buf_free(&w->sealed_b);
 	ip_buf_free(&w->plain_h);
 	ip_buf_free(&w->plain_b);
+	ip_buf_free(&w->raw);
 	free(w);
 }
 
@@ -335,8 +337,6 @@ static void compute_fingerprint(const job *j, const route_cfg *r,
 	(void)fingerprint_of(j, r, out, NULL);
 }
 
-/* The raw forms of the thread's requests are built here. */
-static __thread ip_buf raw_form;
 
 /* The stored coding goes with the body whatever replay_headers says; a
  * retry that does not accept it gets the body decoded. What cannot be
@@ -408,10 +408,10 @@ static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
 	/* Retries are mostly this request again, byte for byte: the fast
 	 * path then finds the entry by the request's raw form, without
 	 * parsing the body. */
-	bool raw = fingerprint_of(j, p->route, NULL, &raw_form);
+	bool raw = fingerprint_of(j, p->route, NULL, &w->raw);
 	replay_entry e = {.hash = j->fp,
-			  .raw = raw ? raw_form.data : NULL,
-			  .raw_len = raw ? raw_form.len : 0,
+			  .raw = raw ? w->raw.data : NULL,
+			  .raw_len = raw ? w->raw.len : 0,
 			  .status = status,
 			  .headers = headers,
 			  .headers_len = headers_len,
@@ -959,11 +959,14 @@ bool proxy_fast_path(void *arg, job *j)
 	 * (no canonical JSON on the event thread); another spelling of the
 	 * same payload by its fingerprint, which a worker needs anyway when
 	 * there is no entry. */
-	if (replay_cache_has(sh->cache, &k, now) &&
-	    fingerprint_of(j, p->route, NULL, &raw_form))
-		hit = replay_cache_get_raw(sh->cache, &k, raw_form.data,
-					   raw_form.len, now, &status, &h,
-					   &b);
+	if (replay_cache_has(sh->cache, &k, now)) {
+		ip_buf raw = {0};
+		if (fingerprint_of(j, p->route, NULL, &raw))
+			hit = replay_cache_get_raw(sh->cache, &k, raw.data,
+						   raw.len, now, &status, &h,
+						   &b);
+		ip_buf_free(&raw);
+	}
 	if (!hit) {
 		compute_fingerprint(j, p->route, j->fp);
 		j->has_fp = true;

@@ -243,6 +243,22 @@ def test_oversized_headers_are_431(make_proxy, stub, pg):
     assert stub.count() == 2
 
 
+def test_a_header_block_just_inside_max_header_size_is_read_whole(make_proxy, stub, pg):
+    """At the default max_header_size (32 KiB), a header block just inside
+    it, as one long header or as 250 lines, is read whole by the front end
+    (its connection memory holds it and the lines' bookkeeping): the
+    request reaches the proxy's own checks, here the missing key, rather
+    than libmicrohttpd's own refusal."""
+    proxy = make_proxy()
+    room = 32 * 1024 - 600  # the request line, Host and Content-Length
+    one = [JSON, ("X-Big", "v" * room)]
+    many = [JSON] + [("X-H%03d" % i, "v" * (room // 250 - 10)) for i in range(250)]
+    for headers in (one, many):
+        r = raw_request(proxy.port, "POST", PAY, headers, b'{"n":1}')
+        assert_problem(r, 400, "idempotency_key_missing")
+    assert stub.count() == 0
+
+
 def test_oversized_bodies_are_413(make_proxy, stub, pg):
     proxy = make_proxy(top={"max_request_body": "1KiB"})
     exact, cl_key, chunked_key, unsent_key = (new_key(x) for x in ("exact", "cl", "chk", "uns"))
