@@ -430,6 +430,13 @@ void metrics_render(ip_buf *out)
 		snprintf(l, sizeof l, "event=\"%s\"", known_events[i]);
 		add_locked(F_EVENTS, l, 0);
 	}
+	/* Likewise both kinds of batch, so that their rates start at 0. */
+	static const char *const kinds[] = {"kind=\"claim\"",
+					    "kind=\"record\""};
+	for (size_t i = 0; i < 2; i++) {
+		add_locked(F_BATCHES, kinds[i], 0);
+		add_locked(F_BATCHED, kinds[i], 0);
+	}
 	int n;
 	series *v = merged(&n);
 	render_family(out, v, n, F_REQUESTS, "Requests by route and outcome.");
