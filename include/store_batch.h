@@ -29,8 +29,8 @@
 struct fiber_sched;
 typedef struct store_batch store_batch;
 
-/* No connection yet: each is made when its fiber starts, under this
- * statement_timeout (then each batch's own). */
+/* No connection yet: each is made by the first batch of its kind, under
+ * this statement_timeout (then each batch's own). */
 store_batch *store_batch_new(const char *url, int64_t statement_timeout_ms);
 /* Starts the fibers on s; until then every call goes through own. */
 void store_batch_start(store_batch *b, struct fiber_sched *s);

@@ -23,9 +23,16 @@ SAN_BASE := -O1 -g -fno-omit-frame-pointer
 ASAN_OPT := $(SAN_BASE) -fsanitize=address,undefined -fno-sanitize-recover=all
 TSAN_OPT := $(SAN_BASE) -fsanitize=thread
 
+# Of test_batch.py, the tests where calls queue for a batch while others
+# go alone (the lanes, their fibers and the gauge read at the scrape).
+TSAN_BATCH := $(foreach t,fresh_keys_that_arrive_together_are_claimed_in_one_statement \
+	the_same_key_twice_in_one_batch_is_forwarded_once \
+	a_claim_the_database_refuses_fails_only_its_own_request \
+	answers_that_arrive_together_are_recorded_in_one_statement \
+	a_record_the_database_refuses_fails_only_its_own,tests/integration/test_batch.py::test_$(t))
 TSAN_TESTS ?= tests/integration/test_concurrency.py \
 	tests/integration/test_replay_cache.py tests/integration/test_instances.py \
-	tests/integration/test_busy_poll.py tests/integration/test_batch.py
+	tests/integration/test_busy_poll.py $(TSAN_BATCH)
 
 ASAN_REPORTS := $(abspath build-asan/reports)
 TSAN_REPORTS := $(abspath build-tsan/reports)

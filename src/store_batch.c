@@ -175,10 +175,8 @@ static void lane_main(void *arg)
 	if (l->kind == LANE_RECORD)
 		store_set_many(l->st);
 	l->running = !l->stopping;
-	char err[256];
-	if (l->running && store_ensure(l->st, err, sizeof err))
-		log_debug("store batch connect failed; tried again on use",
-			  "kind=%s %s", lane_names[l->kind], err);
+	/* The connection is made by the first batch: a proxy that never has
+	 * two first attempts of a kind at once never opens it. */
 	for (;;) {
 		while (!l->head && !l->stopping) {
 			l->idle = true;

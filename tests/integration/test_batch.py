@@ -260,7 +260,7 @@ def test_batched_records_find_their_rows_by_key_however_large_the_table_grew(
     fire(proxy, 200)
     stmts0 = batched(proxy, "record")[0]
     assert stmts0 >= 10, "too few batches to have cached a plan"
-    bulk = 100000
+    bulk = 40000
     pg.execute("INSERT INTO idempotency_records (tenant, operation, idem_key, "
                "request_hash, state, owner_token, expires_at) "
                "SELECT 'default', 'create_payment', 'bulk-' || g, '\\x00', "

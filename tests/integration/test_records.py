@@ -360,15 +360,17 @@ def test_fresh_key_is_claimed_without_calling_idem_claim(make_proxy, stub, pg):
     assert again.status_code == 201 and is_replay(again)
     assert [stub.count(key=k) for k in keys] == [1, 1, 1, 1]
 
-    def calls():
-        pg.execute("SELECT pg_stat_clear_snapshot()")
-        return pg.query("SELECT coalesce(sum(calls), 0)::int AS n FROM "
-                        "pg_stat_user_functions WHERE funcname = 'idem_claim'")[0]["n"]
-
-    # The one backend reports its function calls together, at a
-    # transaction's end or when it has been idle a while.
-    wait_until(lambda: calls() >= 1, what="idem_claim's call statistics", timeout=30)
-    assert calls() == 1, "fresh keys went through idem_claim"
+    # A backend reports its function calls when it ends (otherwise when it
+    # has been idle for up to ten seconds).
+    assert proxy.stop() == 0
+    wait_until(lambda: pg.query("SELECT count(*) AS n FROM pg_stat_activity "
+                                "WHERE datname = current_database() "
+                                "AND application_name = 'idemproxy'")[0]["n"] == 0,
+               what="the proxy's backends gone")
+    pg.execute("SELECT pg_stat_clear_snapshot()")
+    calls = pg.query("SELECT coalesce(sum(calls), 0)::int AS n FROM "
+                     "pg_stat_user_functions WHERE funcname = 'idem_claim'")[0]["n"]
+    assert calls == 1, "fresh keys went through idem_claim (%d calls)" % calls
 
 
 # --- the state's three values: a domain, not a table constraint ----------------
