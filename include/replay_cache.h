@@ -25,8 +25,9 @@ typedef struct replay_key {
 
 typedef struct replay_entry {
 	const uint8_t *hash; /* FP_LEN bytes */
-	/* fp_raw_form of a request with this fingerprint; NULL: none (the
-	 * entry is found by its fingerprint only) */
+	/* fp_raw_form of a request with this fingerprint (kept as two
+	 * hashes under keys drawn at random per cache); NULL: none (the entry
+	 * is found by its fingerprint only) */
 	const char *raw;
 	size_t raw_len;
 	int status;

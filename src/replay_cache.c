@@ -20,9 +20,10 @@ typedef struct entry {
 	int status;
 	double expires_ms;
 	size_t headers_len, body_len;
-	size_t raw_len;            /* 0: no raw form */
+	bool has_raw;
+	uint64_t raw_digest[2];    /* raw_digest() of the raw form */
 	size_t size;
-	char data[];               /* id, headers, body, then the raw form */
+	char data[];               /* id, then headers, then body */
 } entry;
 
 /* Keys are chosen by clients and the chains are walked on the event thread
@@ -36,6 +37,10 @@ typedef struct entry {
 struct replay_cache {
 	pthread_mutex_t mu;
 	uint8_t hash_key[IP_SIPHASH_KEY_LEN];
+	/* Two more keys of the same kind: a raw form is kept as its two
+	 * keyed hashes (128 bits), not whole, so a client that cannot know
+	 * the keys cannot make another request that passes for it. */
+	uint8_t raw_key[2][IP_SIPHASH_KEY_LEN];
 	size_t max_bytes, bytes, count;
 	entry *buckets[NBUCKETS];
 	uint64_t gen[NBUCKETS];
@@ -75,6 +80,8 @@ replay_cache *replay_cache_new(size_t max_bytes)
 	c->max_bytes = max_bytes;
 	IP_ASSERT(getrandom(c->hash_key, sizeof c->hash_key, 0) ==
 		  (ssize_t)sizeof c->hash_key);
+	IP_ASSERT(getrandom(c->raw_key, sizeof c->raw_key, 0) ==
+		  (ssize_t)sizeof c->raw_key);
 	return c;
 }
 
@@ -141,6 +148,14 @@ static void evict(replay_cache *c, size_t need, double now)
 		drop_entry(c, c->oldest);
 }
 
+/* A raw form's two keyed hashes. */
+static void raw_digest(replay_cache *c, const char *raw, size_t len,
+		       uint64_t out[2])
+{
+	out[0] = ip_siphash24(c->raw_key[0], raw, len);
+	out[1] = ip_siphash24(c->raw_key[1], raw, len);
+}
+
 void replay_cache_put(replay_cache *c, const replay_key *k,
 		      const replay_entry *r, double expires_ms, uint64_t gen)
 {
@@ -148,8 +163,7 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 	size_t n = id_build(k, id, sizeof id);
 	if (!n)
 		return;
-	size_t raw_len = r->raw ? r->raw_len : 0;
-	size_t size = sizeof(entry) + n + r->headers_len + r->body_len + raw_len;
+	size_t size = sizeof(entry) + n + r->headers_len + r->body_len;
 	pthread_mutex_lock(&c->mu);
 	bool fits = size <= c->max_bytes;
 	pthread_mutex_unlock(&c->mu);
@@ -170,10 +184,10 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 		memcpy(e->data + n, r->headers, r->headers_len);
 	if (r->body_len)
 		memcpy(e->data + n + r->headers_len, r->body, r->body_len);
-	e->raw_len = raw_len;
-	if (raw_len)
-		memcpy(e->data + n + r->headers_len + r->body_len, r->raw,
-		       raw_len);
+	if (r->raw) {
+		e->has_raw = true;
+		raw_digest(c, r->raw, r->raw_len, e->raw_digest);
+	}
 
 	double now = ip_now_ms();
 	pthread_mutex_lock(&c->mu);
@@ -204,9 +218,10 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 
 enum match { BY_FP, BY_RAW, ANY };
 
+
 /* k's unexpired entry, if it matches h as `by` says: copied out. */
 static bool lookup(replay_cache *c, const replay_key *k, enum match by,
-		   const void *h, size_t h_len, double now_ms, int *status,
+		   const void *h, double now_ms, int *status,
 		   ip_buf *headers, ip_buf *body)
 {
 	char id[3 * 256 + 8];
@@ -224,9 +239,8 @@ static bool lookup(replay_cache *c, const replay_key *k, enum match by,
 	}
 	bool match = e && (by == ANY ||
 			   (by == BY_FP && !memcmp(e->hash, h, FP_LEN)) ||
-			   (by == BY_RAW && e->raw_len && e->raw_len == h_len &&
-			    !memcmp(e->data + n + e->headers_len + e->body_len,
-				    h, h_len)));
+			   (by == BY_RAW && e->has_raw &&
+			    !memcmp(e->raw_digest, h, sizeof e->raw_digest)));
 	if (match && by == ANY) {
 		hit = true;
 	} else if (match) {
@@ -244,21 +258,21 @@ bool replay_cache_get(replay_cache *c, const replay_key *k,
 		      const uint8_t hash[FP_LEN], double now_ms, int *status,
 		      ip_buf *headers, ip_buf *body)
 {
-	return lookup(c, k, BY_FP, hash, FP_LEN, now_ms, status, headers,
-		      body);
+	return lookup(c, k, BY_FP, hash, now_ms, status, headers, body);
 }
 
 bool replay_cache_get_raw(replay_cache *c, const replay_key *k,
 			  const char *raw, size_t raw_len, double now_ms,
 			  int *status, ip_buf *headers, ip_buf *body)
 {
-	return lookup(c, k, BY_RAW, raw, raw_len, now_ms, status, headers,
-		      body);
+	uint64_t d[2];
+	raw_digest(c, raw, raw_len, d);
+	return lookup(c, k, BY_RAW, d, now_ms, status, headers, body);
 }
 
 bool replay_cache_has(replay_cache *c, const replay_key *k, double now_ms)
 {
-	return lookup(c, k, ANY, NULL, 0, now_ms, NULL, NULL, NULL);
+	return lookup(c, k, ANY, NULL, now_ms, NULL, NULL, NULL);
 }
 
 void replay_cache_forget(replay_cache *c, const replay_key *k)
