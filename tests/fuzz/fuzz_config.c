@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "pathtpl.h"
 
 static int conf_fd = -1;
 static char conf_path[64];
@@ -68,10 +69,17 @@ static void check_route(const config *c, size_t i)
 	for (size_t j = 0; j < i; j++)
 		IP_ASSERT(strcmp(c->routes[j].name, r->name) != 0);
 	/* The template's own text is a path it matches ({id} is a segment,
-	 * slash-star a rest), so it routes to this route or an earlier one. */
-	size_t pl = strlen(r->path);
-	const route_cfg *m = config_match_route(c, r->path, pl);
+	 * slash-star a rest), so it routes to this route or an earlier one.
+	 * Requests are routed on their normalised path (idem.c), so the text
+	 * is normalised first: "/o/" is written, "/o" is what routes. */
+	size_t pl = strlen(r->path), nl;
+	char *norm = malloc(pl + 1);
+	const char *why;
+	IP_ASSERT(norm != NULL);
+	IP_ASSERT(pathtpl_normalize(r->path, pl, norm, &nl, &why) == 0);
+	const route_cfg *m = config_match_route(c, norm, nl);
 	IP_ASSERT(m != NULL && m <= r);
+	free(norm);
 	(void)route_has_method(r, "POST");
 	(void)route_releases_status(r, 503);
 }
