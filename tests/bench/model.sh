@@ -64,8 +64,8 @@ psql_db() {
 # wrk_slice URL TAG: fresh keys for DUR seconds; prints the requests
 # answered, after checking there were no errors.
 wrk_slice() {
-	local log=$LOGS/wrk-$2.txt line
-	BENCH_HIST=/dev/null wrk -t2 -c"$CONNS" -d"${DUR}s" --timeout 10s \
+	local log=$LOGS/wrk-$2.txt line threads=$((CONNS < 2 ? CONNS : 2))
+	BENCH_HIST=/dev/null wrk -t"$threads" -c"$CONNS" -d"${DUR}s" --timeout 10s \
 		-s "$HERE/fresh.lua" "$1" -- "$2" >"$log" 2>&1 || die "wrk failed (see $log)"
 	line=$(grep '^BENCH ' "$log" | tail -n 1)
 	parse_bench "$line"
@@ -105,9 +105,9 @@ slice_row() {
 	ROW_N=$(wrk_slice "http://127.0.0.1:$3/v1/payments" "$4")
 	c1=$(cpu_s "$2") p1=$(tree_cpu_s "$PG_PID")
 	check_upstream "$ROW_N" "$5"
-	printf '%s\t%s\t%s\t%s\n' "$1" "$ROW_N" \
+	printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$ROW_N" \
 		"$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
-		"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
+		"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" "$DUR" >>"$data"
 }
 
 main() {
@@ -164,25 +164,30 @@ main() {
 
 		run=$((run + 1))
 		(cd "$TMP" && exec pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n \
-			-M prepared -c "$CONNS" -j 2 -T "$DUR" -D run="$((900 + run))" -D n=0 \
+			-M prepared -c "$CONNS" -j "$((CONNS < 2 ? CONNS : 2))" -T "$DUR" -D run="$((900 + run))" -D n=0 \
 			-f "$ROOT/$HERE/raw_pair.sql" idemproxy) >"$LOGS/pgbench-$s.txt" 2>&1 &
 		local pgb=$! last="" cur
 		sleep 0.5
 		c0=$(cpu_s "$pgb") p0=$(tree_cpu_s "$PG_PID")
 		local t0=$SECONDS
 		rows0=$(psql_db -c "SELECT count(*) FROM bench_raw_pair WHERE status IS NOT NULL")
+		local w0 w1
+		w0=$(date +%s.%N)
 		# pgbench's CPU just before it ends, and the pairs recorded by then
 		while cur=$(cpu_s "$pgb" 2>/dev/null) && [ $((SECONDS - t0)) -lt $((DUR - 1)) ]; do
 			last=$cur
 			sleep 0.1
 		done
 		rows1=$(psql_db -c "SELECT count(*) FROM bench_raw_pair WHERE status IS NOT NULL")
+		w1=$(date +%s.%N)
 		p1=$(tree_cpu_s "$PG_PID")
 		[ -n "$last" ] || last=$c0
 		wait "$pgb" || die "pgbench failed (see $LOGS/pgbench-$s.txt)"
-		printf 'pgbench raw pair\t%s\t%s\t%s\n' "$((rows1 - rows0))" \
+		# its rate over the window the pairs were counted in, not DUR
+		printf 'pgbench raw pair\t%s\t%s\t%s\t%s\n' "$((rows1 - rows0))" \
 			"$(awk -v a="$c0" -v b="$last" 'BEGIN { print b - a }')" \
-			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" >>"$data"
+			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" \
+			"$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')" >>"$data"
 	done
 
 	"$PYTHON" - "$data" "$REPORT" "$CONNS" "$DUR" "$((SECONDS - START_S))" <<'EOF'
@@ -191,8 +196,8 @@ from collections import defaultdict
 data, out, conns, dur, elapsed = sys.argv[1:]
 rows = defaultdict(list)
 for line in open(data):
-    name, n, cpu, pg = line.rstrip("\n").split("\t")
-    rows[name].append((int(n), float(cpu), float(pg)))
+    name, n, cpu, pg, secs = line.rstrip("\n").split("\t")
+    rows[name].append((int(n), float(cpu), float(pg), float(secs)))
 lines = ["# Event-driven model beside idemproxy", "",
          "%s connections, fresh keys, %s s slices interleaved, %s s in all."
          % (conns, dur, elapsed), "",
@@ -209,7 +214,7 @@ for name in ("idemproxy", "idemproxy, worker_model threads", "model",
     pg = sum(x[2] for x in r) / n * 1e6
     if cpu > 0:  # a pgbench window too short to tick (BENCH_MODEL_DUR < 3)
         per[name] = cpu
-    rates = ", ".join("%.0f" % (x[0] / float(dur)) for x in r)
+    rates = ", ".join("%.0f" % (x[0] / x[3]) for x in r)
     lines.append("| %s | %s | %.0f µs | %.0f µs |" % (name, rates, cpu, pg))
 lines.append("")
 if "idemproxy" in per and "idemproxy, worker_model threads" in per:
@@ -224,7 +229,8 @@ if "model" in per and "pgbench raw pair" in per:
 lines.append("")
 lines.append("pgbench rows: its CPU from 0.5 s after the start to about 1 s "
              "before its end, over the pairs recorded meanwhile (rows "
-             "counted in the table); PostgreSQL's over the same window.")
+             "counted in the table, and its rate over the time they were "
+             "counted in); PostgreSQL's over the same window.")
 text = "\n".join(lines) + "\n"
 open(out, "w").write(text)
 sys.stdout.write("\n" + text)
