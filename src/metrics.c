@@ -427,15 +427,16 @@ void metrics_render(ip_buf *out)
 	for (size_t i = 0; i < sizeof known_events / sizeof *known_events;
 	     i++) {
 		char l[160];
-		snprintf(l, sizeof l, "event=\"%s\"", known_events[i]);
+		render_labels(l, sizeof l, F_EVENTS, known_events[i], NULL);
 		add_locked(F_EVENTS, l, 0);
 	}
 	/* Likewise both kinds of batch, so that their rates start at 0. */
-	static const char *const kinds[] = {"kind=\"claim\"",
-					    "kind=\"record\""};
-	for (size_t i = 0; i < 2; i++) {
-		add_locked(F_BATCHES, kinds[i], 0);
-		add_locked(F_BATCHED, kinds[i], 0);
+	static const char *const kinds[] = {"claim", "record"};
+	for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
+		char l[160];
+		render_labels(l, sizeof l, F_BATCHES, kinds[i], NULL);
+		add_locked(F_BATCHES, l, 0);
+		add_locked(F_BATCHED, l, 0);
 	}
 	int n;
 	series *v = merged(&n);

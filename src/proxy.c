@@ -337,7 +337,6 @@ static void compute_fingerprint(const job *j, const route_cfg *r,
 	(void)fingerprint_of(j, r, out, NULL);
 }
 
-
 /* The stored coding goes with the body whatever replay_headers says; a
  * retry that does not accept it gets the body decoded. What cannot be
  * decoded is replayed as stored, labelled with its coding. */

@@ -218,7 +218,6 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 
 enum match { BY_FP, BY_RAW, ANY };
 
-
 /* k's unexpired entry, if it matches h as `by` says: copied out. */
 static bool lookup(replay_cache *c, const replay_key *k, enum match by,
 		   const void *h, double now_ms, int *status,

@@ -22,6 +22,8 @@ ROOT=$(pwd -P)
 OUT=${BENCH_OUT:-build-bench}
 BIN=${BENCH_BIN:-$OUT/bin}
 CONNS=${BENCH_MODEL_CONNS:-16}
+# wrk's and pgbench's threads: two, or one for a single connection
+THREADS=$((CONNS < 2 ? CONNS : 2))
 SLICES=${BENCH_MODEL_SLICES:-3}
 DUR=${BENCH_MODEL_DUR:-4}
 WORKERS=${BENCH_WORKERS:-16}
@@ -64,8 +66,8 @@ psql_db() {
 # wrk_slice URL TAG: fresh keys for DUR seconds; prints the requests
 # answered, after checking there were no errors.
 wrk_slice() {
-	local log=$LOGS/wrk-$2.txt line threads=$((CONNS < 2 ? CONNS : 2))
-	BENCH_HIST=/dev/null wrk -t"$threads" -c"$CONNS" -d"${DUR}s" --timeout 10s \
+	local log=$LOGS/wrk-$2.txt line
+	BENCH_HIST=/dev/null wrk -t"$THREADS" -c"$CONNS" -d"${DUR}s" --timeout 10s \
 		-s "$HERE/fresh.lua" "$1" -- "$2" >"$log" 2>&1 || die "wrk failed (see $log)"
 	line=$(grep '^BENCH ' "$log" | tail -n 1)
 	parse_bench "$line"
@@ -164,7 +166,7 @@ main() {
 
 		run=$((run + 1))
 		(cd "$TMP" && exec pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n \
-			-M prepared -c "$CONNS" -j "$((CONNS < 2 ? CONNS : 2))" -T "$DUR" -D run="$((900 + run))" -D n=0 \
+			-M prepared -c "$CONNS" -j "$THREADS" -T "$DUR" -D run="$((900 + run))" -D n=0 \
 			-f "$ROOT/$HERE/raw_pair.sql" idemproxy) >"$LOGS/pgbench-$s.txt" 2>&1 &
 		local pgb=$! last="" cur
 		sleep 0.5

@@ -73,9 +73,8 @@ static void check_route(const config *c, size_t i)
 	 * Requests are routed on their normalised path (idem.c), so the text
 	 * is normalised first: "/o/" is written, "/o" is what routes. */
 	size_t pl = strlen(r->path), nl;
-	char *norm = malloc(pl + 1);
+	char *norm = xmalloc(pl + 1);
 	const char *why;
-	IP_ASSERT(norm != NULL);
 	IP_ASSERT(pathtpl_normalize(r->path, pl, norm, &nl, &why) == 0);
 	const route_cfg *m = config_match_route(c, norm, nl);
 	IP_ASSERT(m != NULL && m <= r);
