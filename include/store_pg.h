@@ -26,8 +26,9 @@ void store_set_statement_timeout(store *s, int64_t ms);
  * idem_claim call alone (no insert first). Before the first call. */
 void store_set_distributed(store *s, bool citus);
 
-/* This connection sends the *_many statements (store_batch.h): their
- * joins are planned for each call. Before the first call. */
+/* This connection sends complete_many (store_batch.h) and nothing else:
+ * its settings leave the join one plan, an index lookup per element,
+ * whatever the table's size. Before the first call. */
 void store_set_many(store *s);
 
 /* Connects (and prepares) if not connected. 0 or -1 with err. */

@@ -254,8 +254,10 @@ def test_batched_records_find_their_rows_by_key_however_large_the_table_grew(
         make_proxy, stub, pg):
     """complete_many joins its arrays to the table; a plan cached while the
     table was small would scan the whole table for every batch once it is
-    large. Each call is planned with the table as it is (plan_cache_mode on
-    the batch connection): no batch reads the table through."""
+    large. On the batch connection only the per-element index lookup is
+    left to choose (whole-table scans and the joins that need them priced
+    out), whatever the table held when the plan was made: no batch reads
+    the table through."""
     proxy = make_proxy(top=FIBERS)
     fire(proxy, 200)
     stmts0 = batched(proxy, "record")[0]
