@@ -8,7 +8,8 @@ ID.hist ("microseconds count" lines, merged over the slices); where
 measured, ID.pgcpu (PostgreSQL) and ID.cpu (the proxy: idemproxy or nginx),
 one "cpu_seconds requests" line per slice, and ID.dups (keys the upstream
 saw more than once, one line per slice); plus rss.tsv (wanted count, count
-seen, VmRSS kB) and rss.dups."""
+seen, VmRSS kB, the replay cache's bytes; counted after the warm-up),
+rss-warm.tsv (the same at the end of the warm-up) and rss.dups."""
 import argparse
 import os
 import sys
@@ -72,13 +73,15 @@ def load_rows(data):
     return rows
 
 
-def load_rss(data):
+def load_rss(data, name="rss.tsv"):
+    """(wanted, seen, VmRSS kB, cache bytes or None) per line of NAME."""
     out = []
     try:
-        with open(os.path.join(data, "rss.tsv")) as f:
+        with open(os.path.join(data, name)) as f:
             for line in f:
-                want, seen, kb = line.split()
-                out.append((int(want), int(seen), int(kb)))
+                want, seen, kb, *cache = line.split()
+                out.append((want if want == "warm" else int(want), int(seen),
+                            int(kb), int(cache[0]) if cache else None))
     except FileNotFoundError:
         pass
     return out
@@ -200,18 +203,19 @@ def targets(rows, rss, dups, a):
         add("replays of one key, 16 conns", "idemproxy req/s >= 1.0 x "
             "nginx req/s", "%.0f vs %.0f" % (r16["rps"], n16["rps"]), ratio,
             ratio >= 1.0)
-    by_count = {want: (seen, kb) for want, seen, kb in rss}
+    by_count = {want: (seen, kb) for want, seen, kb, _ in rss}
+    what = ("VmRSS after 200,000 requests within 10% of after 20,000 "
+            "(counted after the warm-up)")
     if 20000 in by_count and 200000 in by_count:
         (s1, kb1), (s2, kb2) = by_count[20000], by_count[200000]
         ratio = kb2 / kb1
-        add("memory, mixed load, 16 conns", "VmRSS after 200,000 requests "
-            "within 10% of after 20,000", "%d kB (at %d) vs %d kB (at %d)"
-            % (kb2, s2, kb1, s1), ratio, abs(ratio - 1.0) <= 0.10)
+        add("memory, mixed load, 16 conns", what,
+            "%d kB (at %d) vs %d kB (at %d)" % (kb2, s2, kb1, s1), ratio,
+            abs(ratio - 1.0) <= 0.10)
     else:
-        reached = max((s for _, s, _ in rss), default=0)
-        out.append("| memory, mixed load, 16 conns | VmRSS after 200,000 "
-                   "requests within 10%% of after 20,000 | only %d requests "
-                   "in the time allowed | - | MISSED |" % reached)
+        reached = max((s for _, s, _, _ in rss), default=0)
+        out.append("| memory, mixed load, 16 conns | %s | only %d requests "
+                   "in the time allowed | - | MISSED |" % (what, reached))
     keys, slices, nrows = dups
     out.append("| exactly once | zero keys reaching the upstream twice, in "
                "every idemproxy row | %d duplicated keys in %d slices of "
@@ -399,10 +403,16 @@ def notes(rows, rss, a):
                    "CPU %s per request, %s without busy_poll."
                    % (a.busy, ms(fb["p50"]), ms(bound), fb["p50"] / bound,
                       us(fb["cpu_px"]), us(f1["cpu_px"])))
+    warm = load_rss(a.data, "rss-warm.tsv")
     if rss:
-        out.append("- VmRSS under the mixed load (fresh process): " +
-                   ", ".join("%d kB at %d requests" % (kb, seen)
-                             for _, seen, kb in rss) + ".")
+        def cache(b):
+            return "" if b is None else " (replay cache %.0f kB)" % (b / 1024)
+        out.append("- VmRSS under the mixed load (fresh process)" +
+                   "".join(", %d kB after the warm-up (%d requests)%s"
+                           % (kb, seen, cache(b)) for _, seen, kb, b in warm)
+                   + "; then " +
+                   ", ".join("%d kB at %d requests more%s" % (kb, seen, cache(b))
+                             for _, seen, kb, b in rss) + ".")
     out.append("- %s idemproxy workers, %s s per run, PostgreSQL with fsync "
                "and synchronous_commit on; errors counts answers >= 400 "
                "and socket errors (pgbench: failed transactions)."

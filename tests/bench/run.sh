@@ -33,8 +33,9 @@
 # Environment: BENCH_DURATION (seconds per run, default 8), BENCH_WORKERS
 # (idemproxy workers, default 16), BENCH_WIDE (the wide concurrency, default
 # 64; empty skips those runs), BENCH_RSS_MAX_S (time allowed for the memory
-# check's 200,000 requests, default 120), BENCH_BUSY_POLL (busy_poll of the
-# second proxy, default 2ms).
+# check's 200,000 requests, default 120), BENCH_RSS_WARM_S (the mixed load
+# before the memory check counts, default 12: the replay cache's 10 s window
+# filled), BENCH_BUSY_POLL (busy_poll of the second proxy, default 2ms).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -45,6 +46,7 @@ DUR=${BENCH_DURATION:-8}
 WORKERS=${BENCH_WORKERS:-16}
 WIDE=${BENCH_WIDE-64}
 RSS_MAX_S=${BENCH_RSS_MAX_S:-120}
+RSS_WARM_S=${BENCH_RSS_WARM_S:-12}
 BUSY=${BENCH_BUSY_POLL:-2ms}
 RSS_COUNTS="20000 50000 100000 150000 200000"
 PYTHON=/usr/bin/python3
@@ -601,26 +603,41 @@ pgbench_exec() {
 
 # ---- the memory check ---------------------------------------------------
 
-# A fresh idemproxy under the mixed load; VmRSS when its request counter
-# passes each of RSS_COUNTS.
+# idemproxy_replay_cache_bytes now.
+cache_bytes() {
+	curl -fsS "$ADMIN/metrics" | awk '/^idemproxy_replay_cache_bytes / { print $NF }'
+}
+
+# A fresh idemproxy under the mixed load; after RSS_WARM_S seconds of it
+# (the replay cache holds replay_cache_ttl's worth of answers, 10 s: until
+# then it grows by design, with the rate), VmRSS and the cache's bytes when
+# the request counter has passed each of RSS_COUNTS more.
 rss_run() {
-	local tag=$TAG-mix targets=($RSS_COUNTS) i=0 total rss fwd0 fwd pass0 pass
+	local tag=$TAG-mix targets=($RSS_COUNTS) i=0 total rss fwd0 fwd pass0 pass base t0
 	restart_proxy warn
 	prime "$tag-hot"
 	stub_take
 	fwd0=$(requests_total forwarded)
 	pass0=$(requests_total passthrough)
-	note "rss: mixed load, 16 connections, until ${targets[-1]} requests (at most ${RSS_MAX_S}s)"
+	note "rss: mixed load, 16 connections, ${RSS_WARM_S}s, then until ${targets[-1]} requests more (at most ${RSS_MAX_S}s)"
 	: >"$DATA/rss.tsv"
-	wrk -t2 -c16 -d"${RSS_MAX_S}s" --timeout 10s -s "$HERE/mixed.lua" \
+	wrk -t2 -c16 -d"$((RSS_WARM_S + RSS_MAX_S))s" --timeout 10s -s "$HERE/mixed.lua" \
 		"$PROXY" -- "$tag" >"$LOGS/rss.txt" 2>&1 &
 	WRK_PID=$!
+	t0=$SECONDS
+	while kill -0 "$WRK_PID" 2>/dev/null && [ $((SECONDS - t0)) -lt "$RSS_WARM_S" ]; do
+		sleep 0.1
+	done
+	base=$(requests_total)
+	rss=$(rss_kb)
+	printf 'warm\t%s\t%s\t%s\n' "$base" "$rss" "$(cache_bytes)" >"$DATA/rss-warm.tsv"
+	note "rss: $rss kB after ${RSS_WARM_S}s ($base requests); counting from here"
 	while kill -0 "$WRK_PID" 2>/dev/null && [ "$i" -lt "${#targets[@]}" ]; do
-		total=$(requests_total)
+		total=$(($(requests_total) - base))
 		if [ "$total" -ge "${targets[$i]}" ]; then
 			rss=$(rss_kb)
-			printf '%s\t%s\t%s\n' "${targets[$i]}" "$total" "$rss" >>"$DATA/rss.tsv"
-			note "rss: $rss kB after $total requests"
+			printf '%s\t%s\t%s\t%s\n' "${targets[$i]}" "$total" "$rss" "$(cache_bytes)" >>"$DATA/rss.tsv"
+			note "rss: $rss kB after $total requests more"
 			i=$((i + 1))
 			continue
 		fi
@@ -638,7 +655,7 @@ rss_run() {
 	[ "$S_KEYS" = "$fwd" ] || fail "rss: idemproxy counted $fwd forwards, the upstream saw $S_KEYS keys"
 	[ "$S_NOKEY" = "$pass" ] || fail "rss: idemproxy passed $pass requests through, the upstream saw $S_NOKEY without a key"
 	[ "$i" -eq "${#targets[@]}" ] ||
-		note "rss: only $(requests_total) requests in ${RSS_MAX_S}s"
+		note "rss: only $(($(requests_total) - base)) requests in ${RSS_MAX_S}s after the warm-up"
 }
 
 # The server's WAL position now.
