@@ -64,7 +64,8 @@ psql_db() {
 }
 
 # wrk_slice URL TAG: fresh keys for DUR seconds; prints the requests
-# answered, after checking there were no errors.
+# answered and wrk's p50 in microseconds, after checking there were no
+# errors.
 wrk_slice() {
 	local log=$LOGS/wrk-$2.txt line
 	BENCH_HIST=/dev/null wrk -t"$THREADS" -c"$CONNS" -d"${DUR}s" --timeout 10s \
@@ -73,7 +74,7 @@ wrk_slice() {
 	parse_bench "$line"
 	[ "$((B_status + B_connect + B_read + B_write + B_timeout))" = 0 ] ||
 		die "$2: errors (see $log)"
-	echo "$B_requests"
+	echo "$B_requests $B_p50_us"
 }
 
 # within N WHAT SEEN: N answers (wrk's count, which leaves out the requests
@@ -100,16 +101,16 @@ completed_rows() {
 
 # slice_row NAME PID PORT TAG WHAT: one wrk slice of fresh keys through the
 # process PID listening on PORT, checked at the upstream; appends "NAME
-# requests its-CPU PostgreSQL's-CPU" to $data and sets ROW_N.
+# requests its-CPU PostgreSQL's-CPU seconds p50" to $data and sets ROW_N.
 slice_row() {
-	local c0 c1 p0 p1
+	local c0 c1 p0 p1 p50
 	c0=$(cpu_s "$2") p0=$(tree_cpu_s "$PG_PID")
-	ROW_N=$(wrk_slice "http://127.0.0.1:$3/v1/payments" "$4")
+	read -r ROW_N p50 <<<"$(wrk_slice "http://127.0.0.1:$3/v1/payments" "$4")"
 	c1=$(cpu_s "$2") p1=$(tree_cpu_s "$PG_PID")
 	check_upstream "$ROW_N" "$5"
-	printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$ROW_N" \
+	printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$ROW_N" \
 		"$(awk -v a="$c0" -v b="$c1" 'BEGIN { print b - a }')" \
-		"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" "$DUR" >>"$data"
+		"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" "$DUR" "$p50" >>"$data"
 }
 
 main() {
@@ -156,6 +157,11 @@ main() {
 	local s c0 p0 p1 rows0 rows1 data=$TMP/model.tsv run=0
 	: >"$data"
 	for s in $(seq "$SLICES"); do
+		# the stub alone, for the one-connection bound
+		local dn dp50
+		read -r dn dp50 <<<"$(wrk_slice "http://127.0.0.1:$STUB_PORT/v1/payments" "$TAG-d$s")"
+		stub_ctl POST reset >/dev/null
+		printf 'direct\t%s\t0\t0\t%s\t%s\n' "$dn" "$DUR" "$dp50" >>"$data"
 		slice_row idemproxy "$PROXY_PID" "$PROXY_PORT" "$TAG-p$s" "idemproxy slice $s"
 		slice_row "idemproxy, worker_model threads" "$THREADS_PID" "$threads_port" \
 			"$TAG-t$s" "idemproxy (threads) slice $s"
@@ -185,11 +191,13 @@ main() {
 		p1=$(tree_cpu_s "$PG_PID")
 		[ -n "$last" ] || last=$c0
 		wait "$pgb" || die "pgbench failed (see $LOGS/pgbench-$s.txt)"
-		# its rate over the window the pairs were counted in, not DUR
-		printf 'pgbench raw pair\t%s\t%s\t%s\t%s\n' "$((rows1 - rows0))" \
+		# its rate over the window the pairs were counted in, not DUR;
+		# its mean latency in microseconds in the p50's place
+		printf 'pgbench raw pair\t%s\t%s\t%s\t%s\t%s\n' "$((rows1 - rows0))" \
 			"$(awk -v a="$c0" -v b="$last" 'BEGIN { print b - a }')" \
 			"$(awk -v a="$p0" -v b="$p1" 'BEGIN { print b - a }')" \
-			"$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')" >>"$data"
+			"$(awk -v a="$w0" -v b="$w1" 'BEGIN { print b - a }')" \
+			"$(awk '/^latency average/ { printf "%.0f", $4 * 1000 }' "$LOGS/pgbench-$s.txt")" >>"$data"
 	done
 
 	"$PYTHON" - "$data" "$REPORT" "$CONNS" "$DUR" "$((SECONDS - START_S))" <<'EOF'
@@ -197,17 +205,20 @@ import sys
 from collections import defaultdict
 data, out, conns, dur, elapsed = sys.argv[1:]
 rows = defaultdict(list)
+lat = defaultdict(list)
 for line in open(data):
-    name, n, cpu, pg, secs = line.rstrip("\n").split("\t")
+    name, n, cpu, pg, secs, us = line.rstrip("\n").split("\t")
     rows[name].append((int(n), float(cpu), float(pg), float(secs)))
+    if us:
+        lat[name].append(int(us))
 lines = ["# Event-driven model beside idemproxy", "",
          "%s connections, fresh keys, %s s slices interleaved, %s s in all."
          % (conns, dur, elapsed), "",
-         "| who | slices: requests or pairs per second | own CPU per request | PostgreSQL CPU per request |",
-         "|---|---|---:|---:|"]
+         "| who | slices: requests or pairs per second | p50 per slice (pgbench: mean) | own CPU per request | PostgreSQL CPU per request |",
+         "|---|---|---|---:|---:|"]
 per = {}
-for name in ("idemproxy", "idemproxy, worker_model threads", "model",
-             "pgbench raw pair"):
+for name in ("direct", "idemproxy", "idemproxy, worker_model threads",
+             "model", "pgbench raw pair"):
     r = rows.get(name, [])
     n = sum(x[0] for x in r)
     if not n:
@@ -217,8 +228,27 @@ for name in ("idemproxy", "idemproxy, worker_model threads", "model",
     if cpu > 0:  # a pgbench window too short to tick (BENCH_MODEL_DUR < 3)
         per[name] = cpu
     rates = ", ".join("%.0f" % (x[0] / x[3]) for x in r)
-    lines.append("| %s | %s | %.0f µs | %.0f µs |" % (name, rates, cpu, pg))
+    lats = ", ".join("%.2f ms" % (u / 1000) for u in lat[name]) or "-"
+    if name == "direct":
+        lines.append("| the stub alone (wrk to it) | %s | %s | - | - |"
+                     % (rates, lats))
+        continue
+    lines.append("| %s | %s | %s | %.0f µs | %.0f µs |"
+                 % (name, rates, lats, cpu, pg))
 lines.append("")
+if conns == "1" and lat["direct"] and lat["pgbench raw pair"]:
+    # the one-connection target of `make bench`, slice by slice
+    bounds = [d + 1.3 * p for d, p in zip(lat["direct"],
+                                            lat["pgbench raw pair"])]
+    lines.append("The one-connection bound of `make bench` (the stub's p50 "
+                 "+ 1.3 x the raw pair's mean latency), slice by slice: "
+                 + ", ".join("%.2f ms" % (b / 1000) for b in bounds) + ".")
+    for name in ("idemproxy", "model"):
+        if lat[name]:
+            lines.append("%s's p50 over it, slice by slice: %s." % (
+                name, ", ".join("%.2f" % (u / b) for u, b in
+                                zip(lat[name], bounds))))
+    lines.append("")
 if "idemproxy" in per and "idemproxy, worker_model threads" in per:
     lines.append("idemproxy fibers / threads, own CPU per request: %.2f."
                  % (per["idemproxy"] / per["idemproxy, worker_model threads"]))
