@@ -154,11 +154,10 @@ main() {
 	DUR=2 wrk_slice "http://127.0.0.1:$model_port/v1/payments" "$TAG-wm" >/dev/null
 	stub_ctl POST reset >/dev/null
 
-	local s c0 p0 p1 rows0 rows1 data=$TMP/model.tsv run=0
+	local s c0 p0 p1 rows0 rows1 dn dp50 data=$TMP/model.tsv run=0
 	: >"$data"
 	for s in $(seq "$SLICES"); do
 		# the stub alone, for the one-connection bound
-		local dn dp50
 		read -r dn dp50 <<<"$(wrk_slice "http://127.0.0.1:$STUB_PORT/v1/payments" "$TAG-d$s")"
 		stub_ctl POST reset >/dev/null
 		printf 'direct\t%s\t0\t0\t%s\t%s\n' "$dn" "$DUR" "$dp50" >>"$data"
