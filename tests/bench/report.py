@@ -69,8 +69,31 @@ def load_rows(data):
                 "errors": errors, "slices": slices,
                 "cpu_pg": cpu_pg, "cpu_px": cpu_px,
                 "wal": load_per(data, rid + ".wal"),  # bytes per request
+                "steal": load_steal(data, rid + ".steal"),
             })
     return rows
+
+
+def load_steal(data, name):
+    """The share of the machine's time (all its CPUs) that the host stole
+    over the slices of a row, from lines "STEAL TOTAL" in ticks, or None."""
+    steal = total = 0
+    try:
+        with open(os.path.join(data, name)) as f:
+            for line in f:
+                st, t = line.split()
+                steal += int(st)
+                total += int(t)
+    except FileNotFoundError:
+        return None
+    return steal / total if total else None
+
+
+# The rows whose ratios are targets (and the busy_poll row run with them).
+TARGET_ROWS = ("direct-c1", "raw-c1", "pgbench-c1", "fresh-c1",
+               "fresh-c1-busy", "raw-c16", "pgbench-c16", "fresh-c16",
+               "raw-c%s", "pgbench-c%s", "fresh-c%s", "nginx-replay-c16",
+               "replay-c16")
 
 
 def load_rss(data, name="rss.tsv"):
@@ -273,6 +296,28 @@ def table(rows):
     return "\n".join(out) + "\n"
 
 
+def steal_note(rows, a):
+    """What the host took from the machine during the target rows: on a
+    virtual machine, a row that ran while the host was busy elsewhere
+    compares unequal machines, whatever the interleaving."""
+    ids = [r % a.wide if "%s" in r else r for r in TARGET_ROWS
+           if a.wide or "%s" not in r]
+    got = [(rid, find(rows, rid)["steal"]) for rid in ids
+           if find(rows, rid) and find(rows, rid)["steal"] is not None]
+    if not got:
+        return None
+    worst = max(v for _, v in got)
+    text = ("- the host's steal time (a vCPU ready to run while the host ran "
+            "something else, /proc/stat) during the target rows: at most "
+            "%.1f %% of the machine's time (%s)"
+            % (100 * worst, ", ".join("%s %.1f %%" % (rid, 100 * v)
+                                      for rid, v in got)))
+    if worst > 0.05:
+        text += ("; above 5 %, the two sides of a ratio may have run on "
+                 "unequal machines: run again before reading a verdict")
+    return text + "."
+
+
 def notes(rows, rss, a):
     order = ("; the 16- and %s-connection groups A B B A" % a.wide
              if a.wide else "")
@@ -420,6 +465,9 @@ def notes(rows, rss, a):
     out.append("- whole run: %d s; load average at the start / end: %s "
                "(%s cpus, shared with everything else running)."
                % (a.elapsed, a.load, a.cpus))
+    steal = steal_note(rows, a)
+    if steal:
+        out.append(steal)
     fails = [f for f in a.failures.split("\n") if f.strip()]
     if fails:
         out.append("- CHECKS FAILED:")

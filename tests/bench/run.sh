@@ -332,6 +332,7 @@ wrk_run() {
 # children: nginx's master and workers), the proxy of the row.
 cpu_start() {
 	CPU_PG=$1 CPU_KIND=${2:-} CPU_PID=${3:-}
+	CPU_HOST0=$(host_ticks)
 	CPU_PX0=$(cpu_proxy)
 	CPU_PG0=0
 	[ "$CPU_PG" = 0 ] || CPU_PG0=$(pg_cpu_s)
@@ -355,13 +356,23 @@ cpu_proxy() {
 	esac
 }
 
+# The machine's steal time and all its time so far, in ticks summed over
+# its CPUs (/proc/stat): "STEAL TOTAL". Steal is the time a virtual
+# machine's vCPUs wanted to run and the host ran something else.
+host_ticks() {
+	awk '$1 == "cpu" { t = 0; for (i = 2; i <= 9; i++) t += $i; print $9 + 0, t; exit }' /proc/stat
+}
+
 # cpu_stop ID REQUESTS: appends the slice's "seconds requests" to ID.pgcpu
-# (PostgreSQL) and ID.cpu (the proxy), for what cpu_start counted.
+# (PostgreSQL) and ID.cpu (the proxy), for what cpu_start counted, and
+# "STEAL TOTAL" ticks to ID.steal.
 cpu_stop() {
-	local id=$1 n=$2 px pg=0
+	local id=$1 n=$2 px pg=0 host
 	px=$(cpu_proxy)
 	[ "$CPU_PG" = 0 ] || pg=$(pg_cpu_s)
+	host=$(host_ticks)
 	[ "$RECORD" = 1 ] || return 0
+	echo "$((${host% *} - ${CPU_HOST0% *})) $((${host#* } - ${CPU_HOST0#* }))" >>"$DATA/$id.steal"
 	[ "$CPU_PG" = 0 ] ||
 		echo "$(awk -v a="$CPU_PG0" -v b="$pg" 'BEGIN { print b - a }') $n" >>"$DATA/$id.pgcpu"
 	[ -z "$CPU_KIND" ] ||
