@@ -21,11 +21,22 @@ def new_key(prefix="k"):
 
 _handed_out = collections.deque(maxlen=256)
 
+# Stubs started with port 0 that have not reported their port yet (Stub):
+# until such a process binds, the kernel may give it any free port, one
+# free_port just handed out included.
+_binding = []
+
 
 def free_port():
     """A port nothing listens on, and not one of the last ones handed out:
     the kernel may give the same free port to two binds in a row, and a
-    proxy's listen and admin_listen must differ."""
+    proxy's listen and admin_listen must differ. Stubs still starting are
+    waited for first, so that none binds the port after it was handed
+    out."""
+    while _binding:
+        s = _binding.pop()
+        if s.proc.poll() is None:
+            s.port  # waits until it has bound and reported its port
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
@@ -88,11 +99,15 @@ class Stub:
     def __init__(self, port, proc):
         self._port = port
         self.proc = proc
+        if callable(port):
+            _binding.append(self)
 
     @property
     def port(self):
         if callable(self._port):
             self._port = self._port()
+            if self in _binding:
+                _binding.remove(self)
         return self._port
 
     @property
