@@ -69,24 +69,11 @@ def load_rows(data):
                 "errors": errors, "slices": slices,
                 "cpu_pg": cpu_pg, "cpu_px": cpu_px,
                 "wal": load_per(data, rid + ".wal"),  # bytes per request
-                "steal": load_steal(data, rid + ".steal"),
+                # the host's steal over all the machine's time, from
+                # lines "STEAL TOTAL" in ticks
+                "steal": load_per(data, rid + ".steal"),
             })
     return rows
-
-
-def load_steal(data, name):
-    """The share of the machine's time (all its CPUs) that the host stole
-    over the slices of a row, from lines "STEAL TOTAL" in ticks, or None."""
-    steal = total = 0
-    try:
-        with open(os.path.join(data, name)) as f:
-            for line in f:
-                st, t = line.split()
-                steal += int(st)
-                total += int(t)
-    except FileNotFoundError:
-        return None
-    return steal / total if total else None
 
 
 # The rows whose ratios are targets (and the busy_poll row run with them).
@@ -302,8 +289,9 @@ def steal_note(rows, a):
     compares unequal machines, whatever the interleaving."""
     ids = [r % a.wide if "%s" in r else r for r in TARGET_ROWS
            if a.wide or "%s" not in r]
-    got = [(rid, find(rows, rid)["steal"]) for rid in ids
-           if find(rows, rid) and find(rows, rid)["steal"] is not None]
+    found = [(rid, find(rows, rid)) for rid in ids]
+    got = [(rid, r["steal"]) for rid, r in found
+           if r and r["steal"] is not None]
     if not got:
         return None
     worst = max(v for _, v in got)

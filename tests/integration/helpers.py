@@ -34,9 +34,9 @@ def free_port():
     waited for first, so that none binds the port after it was handed
     out."""
     while _binding:
-        s = _binding.pop()
-        if s.proc.poll() is None:
-            s.port  # waits until it has bound and reported its port
+        stub = _binding.pop()
+        if stub.proc.poll() is None:
+            stub.port  # waits until it has bound and reported its port
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
