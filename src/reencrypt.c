@@ -43,7 +43,10 @@ typedef struct re_ctx {
 	size_t errlen;
 	ip_buf plain_h, plain_b, sealed_h, sealed_b;
 	long resealed, unreadable;
-	char cursor[3][1024]; /* tenant, operation, key of the last row */
+	/* tenant, operation, key of the last row, whole: a cut copy sorts
+	 * before its row, which a batch that leaves the row as it is would
+	 * then select again, forever. */
+	char *cursor[3];
 	bool started;
 } re_ctx;
 
@@ -168,9 +171,10 @@ static int re_batch(re_ctx *x, int batch, int *rows)
 		}
 	}
 	if (n > 0) {
-		for (int c = 0; c < 3; c++)
-			snprintf(x->cursor[c], sizeof x->cursor[c], "%s",
-				 PQgetvalue(r, n - 1, c));
+		for (int c = 0; c < 3; c++) {
+			free(x->cursor[c]);
+			x->cursor[c] = xstrdup(PQgetvalue(r, n - 1, c));
+		}
 		x->started = true;
 	}
 	PQclear(r);
@@ -244,5 +248,7 @@ out:
 	ip_buf_free(&x.plain_b);
 	ip_buf_free(&x.sealed_h);
 	ip_buf_free(&x.sealed_b);
+	for (int c = 0; c < 3; c++)
+		free(x.cursor[c]);
 	return rc;
 }

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import signal
+import subprocess
 
 import psycopg
 import pytest
@@ -14,7 +15,7 @@ import requests
 
 from conftest import ADMIN_TOKEN, run_binary
 from helpers import TIMEOUT, assert_problem, is_replay, new_key, wait_until
-from store_support import metrics, pay
+from store_support import insert_record, metrics, pay
 
 K1 = base64.b64encode(bytes(range(32))).decode()
 K2 = base64.b64encode(bytes(range(100, 132))).decode()
@@ -325,3 +326,29 @@ def test_admin_get_shows_the_sealed_record_as_stored(make_proxy, stub, pg, tmp_p
     assert base64.b64decode(doc["response_headers"]["sealed"]) == h
     assert base64.b64decode(doc["response_body"]) == b
     assert SECRET not in r.text and "4242" not in r.text
+
+
+def test_reencrypt_ends_past_an_unreadable_record_with_the_longest_key(make_proxy, pg,
+                                                                       tmp_path):
+    """The cursor holds a whole key (up to 1,024 bytes, from the domain):
+    a cut copy sorts before the row it came from, so a batch of one that
+    leaves that row as it is would select it again, forever."""
+    proxy, keys = sealed_proxy(make_proxy, tmp_path, start=False)
+    long_keys = [("%d" % i) * 1024 for i in (1, 2)]
+    for k in long_keys:
+        insert_record(pg, k, state="completed", lease=None, status=201, body=b"{}")
+    # sealed under a key the file does not hold: it never opens
+    assert pg.execute("UPDATE idempotency_records SET seal_key = 'gone', "
+                      "response_headers = '\\x00'::bytea || response_headers "
+                      "WHERE idem_key = %s", (long_keys[0],)) == 1
+    write_keys(keys, {"k1": K1, "k2": K2}, "k2")
+    try:
+        r = run_binary(["-c", proxy.conf_path, "--reencrypt", "--batch", "1"],
+                       timeout=20)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("--reencrypt --batch 1 did not end: %r" % (e.stdout or b"")[-300:])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "reencrypt: 1 re-sealed, 1 unreadable so far" in r.stdout, r.stdout
+    assert r.stderr.count("left as it is") == 1, r.stderr
+    assert 'left under key "gone": 1' in r.stdout
+    assert pg.record(long_keys[1])["seal_key"] == "k2"
