@@ -12,6 +12,11 @@
 void metrics_request(const char *route, const char *outcome);
 void metrics_upstream_response(const char *route, int status);
 void metrics_takeover(const char *route);
+/* Exports route's series that alerts count (takeovers, the requests of
+ * the outcomes alerts select, upstream 5xx) at 0 until their first event:
+ * a counter that first appears at 1 shows no increase. Call for every
+ * route at start and after each reload; series are never removed. */
+void metrics_known_route(const char *route);
 /* A named event without labels, e.g. "record_failed". */
 void metrics_event(const char *name);
 /* One statement of store_batch.h carried n first attempts (kind: "claim"

@@ -200,6 +200,12 @@ static void apply_settings(const config *c)
 			 c->reaper_interval_ms, c->reaper_batch);
 }
 
+static void export_routes(const config *c)
+{
+	for (size_t i = 0; i < c->n_routes; i++)
+		metrics_known_route(c->routes[i].name);
+}
+
 static void reload(const char *file)
 {
 	char err[1024];
@@ -214,6 +220,7 @@ static void reload(const char *file)
 	cfg_current = n;
 	pthread_mutex_unlock(&cfg_mu);
 	apply_settings(n);
+	export_routes(n);
 	char names[512];
 	if (config_restart_changes(running.started, n, names, sizeof names))
 		log_warn("reload: settings that differ from the running ones "
@@ -298,6 +305,7 @@ static int serve(config *cfg)
 		store_batch_start(batch, worker_pool_sched(pool));
 	metrics_set_worker_pool(pool);
 	metrics_set_store_batch(batch);
+	export_routes(cfg);
 	front_opts fo = {
 		.listen = cfg->listen,
 		.max_connections = cfg->max_connections,

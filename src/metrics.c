@@ -268,6 +268,28 @@ void metrics_takeover(const char *route)
 	count(F_TAKEOVERS, route, NULL);
 }
 
+/* The outcomes and the class the alert rules select by route. */
+static const char *const alert_outcomes[] = {
+	"in_flight", "mismatch", "store_unavailable", "upstream_unavailable",
+	"outcome_unknown"};
+
+void metrics_known_route(const char *route)
+{
+	char r[64], l[160];
+	label_copy(r, sizeof r, route);
+	pthread_mutex_lock(&mu);
+	render_labels(l, sizeof l, F_TAKEOVERS, r, NULL);
+	add_locked(F_TAKEOVERS, l, 0);
+	for (size_t i = 0;
+	     i < sizeof alert_outcomes / sizeof *alert_outcomes; i++) {
+		render_labels(l, sizeof l, F_REQUESTS, r, alert_outcomes[i]);
+		add_locked(F_REQUESTS, l, 0);
+	}
+	render_labels(l, sizeof l, F_UPSTREAM, r, "5xx");
+	add_locked(F_UPSTREAM, l, 0);
+	pthread_mutex_unlock(&mu);
+}
+
 void metrics_event(const char *name)
 {
 	count(F_EVENTS, name, NULL);

@@ -394,3 +394,43 @@ def test_every_expression_names_what_a_running_proxy_exports(make_proxy, stub, p
                         "request (exported: %s)" % (where, name, label, w, sorted(have - {None}))
         unknown = grouping - known_labels
         assert not unknown, "%s groups by %s, which its metrics do not carry" % (where, unknown)
+
+
+# Series the alert rules and the dashboard select by route: at 0 for every
+# route from the start, so that rate() and increase() see the first event.
+ROUTE_SERIES = [("idemproxy_takeovers_total", {}),
+                ("idemproxy_requests_total", {"outcome": "in_flight"}),
+                ("idemproxy_requests_total", {"outcome": "mismatch"}),
+                ("idemproxy_requests_total", {"outcome": "store_unavailable"}),
+                ("idemproxy_requests_total", {"outcome": "upstream_unavailable"}),
+                ("idemproxy_requests_total", {"outcome": "outcome_unknown"}),
+                ("idemproxy_upstream_responses_total", {"class": "5xx"})]
+
+
+def route_series(proxy, route):
+    m = scrape(proxy)
+    return {(name, tuple(sorted(extra.items()))): [
+        v for lab, v in m.series(name) if lab == dict(extra, route=route)]
+        for name, extra in ROUTE_SERIES}
+
+
+def test_route_series_are_exported_at_zero_before_their_first_event(make_proxy, stub, pg):
+    from test_reload import reload, settings
+    proxy = make_proxy()
+    for route in ("create_payment", "capture", "refund", "optional", "hooks", "auth"):
+        got = route_series(proxy, route)
+        assert all(v == [0] for v in got.values()), (route, got)
+    # a route a reload adds is exported at once too
+    conf = settings(proxy, pg, stub)
+    conf["routes"].append({"name": "payouts", "path": "/v1/payouts", "upstream": stub.url})
+    reload(proxy, conf)
+    got = route_series(proxy, "payouts")
+    assert all(v == [0] for v in got.values()), got
+    # and the first event counts from there
+    key = new_key()
+    assert proxy.post("/v1/payouts", key=key, json={"a": 1}).status_code == 201
+    assert_problem(proxy.post("/v1/payouts", key=key, json={"a": 2}), 409,
+                   "idempotency_key_mismatch")
+    got = route_series(proxy, "payouts")
+    assert got[("idemproxy_requests_total", (("outcome", "mismatch"),))] == [1], got
+    assert stub.count(key=key) == 1
