@@ -59,17 +59,26 @@ int store_admin_get(store_admin *s, const char *tenant, const char *operation,
 void store_admin_record_clear(admin_record *r);
 
 enum admin_delete_action {
-	ADMIN_DEL_ABSENT,   /* no such record */
-	ADMIN_DEL_RELEASED, /* was processing: now released */
-	ADMIN_DEL_PURGED,   /* was completed or released: deleted */
+	ADMIN_DEL_ABSENT,    /* no such record */
+	ADMIN_DEL_RELEASED,  /* was processing: now released */
+	ADMIN_DEL_PURGED,    /* was completed or released: deleted */
+	ADMIN_DEL_IN_FLIGHT, /* processing with a live lease: left as it is */
 };
 
+typedef struct admin_delete_result {
+	enum admin_delete_action action;
+	char previous_state[16]; /* the state the record had */
+	char lease_until[40];    /* ADMIN_DEL_IN_FLIGHT: when the lease ends
+				    (RFC 3339, UTC) */
+} admin_delete_result;
+
 /* Releases a processing record, deletes any other, atomically with respect
- * to concurrent attempts. *previous_state (at least 16 bytes) receives the
- * state the record had. 0, or -1 on a store failure (err filled). */
+ * to concurrent attempts. A processing record whose lease is alive is
+ * released only when force is set (else ADMIN_DEL_IN_FLIGHT, unchanged).
+ * 0, or -1 on a store failure (err filled). */
 int store_admin_delete(store_admin *s, const char *tenant,
-		       const char *operation, const char *key,
-		       enum admin_delete_action *action, char *previous_state,
-		       size_t statelen, char *err, size_t errlen) IP_WUR;
+		       const char *operation, const char *key, bool force,
+		       admin_delete_result *out, char *err,
+		       size_t errlen) IP_WUR;
 
 #endif

@@ -371,33 +371,78 @@ static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,
 	return reply_json(conn, 200, doc);
 }
 
+/* 409 for an attempt whose lease is alive, with when it ends: releasing it
+ * would let a retry be sent upstream while it may still be sending. */
+static enum MHD_Result refuse_in_flight(struct MHD_Connection *conn,
+					const char *lease_until)
+{
+	char detail[256];
+	snprintf(detail, sizeof detail,
+		 "the attempt holding this key is in flight and its lease ends "
+		 "at %s; releasing it now would let a retry run beside it. "
+		 "Wait for the lease to end, or add ?force=true",
+		 lease_until);
+	ip_buf b = {0};
+	problem_render(&b, 409, "attempt_in_flight", detail, NULL);
+	json_t *doc = json_loadb(b.data, b.len, 0, NULL);
+	ip_buf_free(&b);
+	IP_ASSERT(doc != NULL);
+	json_object_set_new(doc, "lease_until", jstr(lease_until));
+	char *text = json_dumps(doc, JSON_INDENT(2));
+	json_decref(doc);
+	ip_buf_append(&b, text, strlen(text));
+	ip_buf_append(&b, "\n", 1);
+	free(text);
+	return reply(conn, 409, PROBLEM_CONTENT_TYPE, &b, NULL, NULL);
+}
+
+/* ?force=true: 1; absent: 0; anything else: -1. */
+static int force_arg(struct MHD_Connection *conn)
+{
+	const char *v =
+		MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "force");
+	if (!v)
+		return 0;
+	return !strcmp(v, "true") ? 1 : !strcmp(v, "false") ? 0 : -1;
+}
+
 static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
 				  const char *who, const key_path *k)
 {
-	enum admin_delete_action action;
-	char prev[32], err[512];
+	int force = force_arg(conn);
+	if (force < 0)
+		return problem(conn, 400, "bad_request",
+			       "force must be true or false");
+	admin_delete_result res;
+	char err[512];
 	lock_store(a);
 	int rc = store_admin_delete(a->st, k->part[0], k->part[1], k->part[2],
-				    &action, prev, sizeof prev, err,
-				    sizeof err);
+				    force, &res, err, sizeof err);
 	pthread_mutex_unlock(&a->mu);
 	if (rc)
 		return store_failed(conn, who, "DELETE", k, err);
-	if (action == ADMIN_DEL_ABSENT) {
+	if (res.action == ADMIN_DEL_ABSENT) {
 		log_action(who, "DELETE", k, "not_found");
 		return problem(conn, 404, "not_found",
 			       "no record for this tenant, operation and key");
 	}
+	if (res.action == ADMIN_DEL_IN_FLIGHT) {
+		log_action(who, "DELETE", k, "refused_in_flight");
+		return refuse_in_flight(conn, res.lease_until);
+	}
 	if (a->forget)
 		a->forget(a->forget_arg, k->part[0], k->part[1], k->part[2]);
-	const char *done = action == ADMIN_DEL_RELEASED ? "released" : "purged";
-	log_action(who, "DELETE", k, done);
+	const char *done =
+		res.action == ADMIN_DEL_RELEASED ? "released" : "purged";
+	log_action(who, "DELETE", k,
+		   force && res.action == ADMIN_DEL_RELEASED ? "released_forced"
+							      : done);
 	json_t *o = json_object();
 	json_object_set_new(o, "tenant", jstr(k->part[0]));
 	json_object_set_new(o, "operation", jstr(k->part[1]));
 	json_object_set_new(o, "key", jstr(k->part[2]));
 	json_object_set_new(o, "action", json_string(done));
-	json_object_set_new(o, "previous_state", jstr(prev));
+	json_object_set_new(o, "previous_state", jstr(res.previous_state));
 	return reply_json(conn, 200, o);
 }
 

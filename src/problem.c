@@ -37,6 +37,8 @@ static const struct problem_def problems[] = {
 	{ "request_timeout", "Request not received in time" },
 	{ "upstream_outcome_unknown", "Upstream outcome unknown" },
 	{ "admin_unauthorized", "Unauthorized" },
+	{ "attempt_in_flight",
+	  "The attempt holding this key is still in flight" },
 	{ "not_found", "Not found" },
 	{ "method_not_allowed", "Method not allowed" },
 	{ "internal_error", "Internal error" },

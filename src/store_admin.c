@@ -177,36 +177,50 @@ void store_admin_record_clear(admin_record *r)
 	memset(r, 0, sizeof *r);
 }
 
-/* The two branches are disjoint on the statement's snapshot. If an attempt
+/* The branches are disjoint on the statement's snapshot. If an attempt
  * changes the row in between (a claim takes a released key, an answer
  * completes a processing one), the branch whose condition no longer holds
  * on the new row version does nothing and the statement returns no row:
  * the caller reads again. The owner token is kept on release, so a late
  * answer of the released attempt may still be recorded unless another
- * attempt takes the key over first (the same rule as the reaper's). */
+ * attempt takes the key over first (the same rule as the reaper's). An
+ * attempt whose lease is alive is only released when forced ($4): a retry
+ * would otherwise be sent upstream beside it. A held attempt's lease has
+ * ended, so it is released without force. */
+#define SCOPE "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 static const char delete_sql[] =
-	"WITH rel AS (UPDATE idempotency_records "
+	"WITH live AS (SELECT " TS("lease_until") " AS until "
+	"FROM idempotency_records " SCOPE "AND state = 'processing' "
+	"AND lease_until > now() AND NOT $4::boolean), "
+	"rel AS (UPDATE idempotency_records "
 	"SET state = 'released', lease_until = NULL, updated_at = now() "
-	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
-	"AND state = 'processing' RETURNING 'released'::text AS action, "
-	"'processing'::text AS previous), "
-	"del AS (DELETE FROM idempotency_records "
-	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
-	"AND state <> 'processing' RETURNING 'purged'::text, state) "
-	"SELECT action, previous FROM rel UNION ALL SELECT * FROM del "
-	"UNION ALL SELECT 'absent', '' WHERE NOT EXISTS (SELECT 1 FROM "
-	"idempotency_records WHERE tenant = $1 AND operation = $2 "
-	"AND idem_key = $3)";
+	SCOPE "AND state = 'processing' AND ($4::boolean OR lease_until IS "
+	"NULL OR lease_until <= now()) RETURNING 'released'::text AS action, "
+	"'processing'::text AS previous, NULL::text AS until), "
+	"del AS (DELETE FROM idempotency_records " SCOPE
+	"AND state <> 'processing' RETURNING 'purged'::text, state, "
+	"NULL::text) "
+	"SELECT action, previous, until FROM rel UNION ALL SELECT * FROM del "
+	"UNION ALL SELECT 'in_flight', 'processing', until FROM live "
+	"UNION ALL SELECT 'absent', '', NULL WHERE NOT EXISTS (SELECT 1 FROM "
+	"idempotency_records " SCOPE ")";
+#undef SCOPE
 
 #define DELETE_ROUNDS 5
 
-int store_admin_delete(store_admin *s, const char *tenant,
-		       const char *operation, const char *key,
-		       enum admin_delete_action *action, char *previous_state,
-		       size_t statelen, char *err, size_t errlen)
+static enum admin_delete_action delete_action(const char *a)
 {
-	*action = ADMIN_DEL_ABSENT;
-	previous_state[0] = '\0';
+	return !strcmp(a, "released")	 ? ADMIN_DEL_RELEASED
+	       : !strcmp(a, "purged")	 ? ADMIN_DEL_PURGED
+	       : !strcmp(a, "in_flight") ? ADMIN_DEL_IN_FLIGHT
+					 : ADMIN_DEL_ABSENT;
+}
+
+int store_admin_delete(store_admin *s, const char *tenant,
+		       const char *operation, const char *key, bool force,
+		       admin_delete_result *out, char *err, size_t errlen)
+{
+	memset(out, 0, sizeof *out);
 	/* Replace a connection that broke while idle before writing: the
 	 * write itself is never sent twice, since a repeated DELETE after a
 	 * release that did commit would purge the record. */
@@ -215,9 +229,9 @@ int store_admin_delete(store_admin *s, const char *tenant,
 	if (!r)
 		return -1;
 	PQclear(r);
-	const char *vals[3] = {tenant, operation, key};
+	const char *vals[4] = {tenant, operation, key, force ? "t" : "f"};
 	for (int round = 0; round < DELETE_ROUNDS; round++) {
-		r = query(s, "delete", delete_sql, 3, vals, false,
+		r = query(s, "delete", delete_sql, 4, vals, false,
 			  PGRES_TUPLES_OK, err, errlen);
 		if (!r)
 			return -1;
@@ -225,11 +239,11 @@ int store_admin_delete(store_admin *s, const char *tenant,
 			PQclear(r);
 			continue;
 		}
-		const char *a = PQgetvalue(r, 0, 0);
-		*action = !strcmp(a, "released") ? ADMIN_DEL_RELEASED
-			  : !strcmp(a, "purged") ? ADMIN_DEL_PURGED
-						 : ADMIN_DEL_ABSENT;
-		snprintf(previous_state, statelen, "%s", PQgetvalue(r, 0, 1));
+		out->action = delete_action(PQgetvalue(r, 0, 0));
+		snprintf(out->previous_state, sizeof out->previous_state, "%s",
+			 PQgetvalue(r, 0, 1));
+		snprintf(out->lease_until, sizeof out->lease_until, "%s",
+			 PQgetvalue(r, 0, 2));
 		PQclear(r);
 		return 0;
 	}

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 
 import psycopg
 import pytest
@@ -496,6 +496,40 @@ def test_release_a_held_key_then_the_retry_goes_through(make_proxy, stub, pg):
     assert stub.count(key=key) == 2
     assert pg.record(key)["attempt"] == 2
     assert "key=%s result=released" % key in proxy.log()
+
+
+def test_delete_refuses_an_attempt_whose_lease_is_alive_unless_forced(proxy, stub, pg):
+    """Releasing an attempt that still holds its lease lets a retry run
+    beside it: the upstream would execute the request twice."""
+    key = new_key()
+    t, out = hold_in_flight(proxy, stub, key, "slow-" + key)
+    try:
+        lease_until = pg.record(key)["lease_until"]
+        d = admin(proxy, "DELETE", "default", "create_payment", key)
+        assert_problem(d, 409, "attempt_in_flight")
+        assert "lease" in d.json()["detail"] and "force=true" in d.json()["detail"]
+        assert rfc3339(d.json()["lease_until"]) == \
+            lease_until.astimezone(timezone.utc).replace(tzinfo=None)
+        rec = pg.record(key)
+        assert rec["state"] == "processing" and rec["lease_until"] == lease_until
+        assert_problem(pay(proxy, key), 409, "idempotency_key_in_use")
+        assert stub.count(key=key) == 1
+        assert "key=%s result=refused_in_flight" % key in proxy.log()
+        # forced: released as before, and the retry runs beside it
+        f = requests.delete(admin_url(proxy, "default", "create_payment", key),
+                            params={"force": "true"}, headers=AUTH, timeout=TIMEOUT)
+        assert f.status_code == 200, f.text
+        assert f.json()["action"] == "released"
+        assert "key=%s result=released_forced" % key in proxy.log()
+        t2 = threading.Thread(target=lambda: out.append(pay(proxy, key)))
+        t2.start()
+        stub.wait_for(2, key=key)  # the second execution, beside the first
+        stub.release("slow-" + key)
+        t2.join(TIMEOUT)
+    finally:
+        stub.release("slow-" + key)
+        t.join(TIMEOUT)
+    assert stub.count(key=key) == 2
 
 
 @pytest.mark.parametrize("state", ["completed", "released"])
