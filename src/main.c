@@ -206,6 +206,22 @@ static void export_routes(const config *c)
 		metrics_known_route(c->routes[i].name);
 }
 
+/* A key made active in the reload that adds it seals records that every
+ * instance not yet reloaded cannot open (500 record_unreadable there). */
+static void warn_new_active_key(const config *old, const config *n)
+{
+	if (!n->seal || !old->seal)
+		return;
+	const char *id = seal_keyring_active(n->seal);
+	if (seal_keyring_has(old->seal, id))
+		return;
+	log_warn("store_encryption: the active key was added in this same "
+		 "reload; instances that have not loaded it cannot read what "
+		 "this one seals now. Rotate in two phases: add the key "
+		 "everywhere and reload, then make it active and reload",
+		 "sealing_key=%s", id);
+}
+
 static void reload(const char *file)
 {
 	char err[1024];
@@ -221,6 +237,7 @@ static void reload(const char *file)
 	pthread_mutex_unlock(&cfg_mu);
 	apply_settings(n);
 	export_routes(n);
+	warn_new_active_key(old, n);
 	char names[512];
 	if (config_restart_changes(running.started, n, names, sizeof names))
 		log_warn("reload: settings that differ from the running ones "

@@ -352,3 +352,81 @@ def test_reencrypt_ends_past_an_unreadable_record_with_the_longest_key(make_prox
     assert r.stderr.count("left as it is") == 1, r.stderr
     assert 'left under key "gone": 1' in r.stdout
     assert pg.record(long_keys[1])["seal_key"] == "k2"
+
+
+def two_sealed_instances(make_proxy, tmp_path):
+    """Two instances on one database, each with its own copy of the key
+    file (as on two hosts)."""
+    out = []
+    for name in ("a", "b"):
+        path = write_keys(str(tmp_path / ("keys-" + name)), {"k1": K1}, "k1")
+        out.append((make_proxy(top={"store_encryption": {"keys": path}}), path))
+    return out
+
+
+def readable_everywhere(instances, answers):
+    for proxy, _ in instances:
+        for k, first in answers.items():
+            again = pay(proxy, k)
+            assert again.status_code == 201 and is_replay(again), (k, again.content)
+            assert again.content == first.content
+
+
+@pytest.mark.no_replay_cache
+def test_rotation_in_one_edit_leaves_an_instance_unable_to_read_new_records(
+        make_proxy, stub, pg, tmp_path):
+    """The hazard the two phases avoid: a key added and made active in one
+    edit seals records that an instance not yet reloaded cannot open."""
+    personal(stub)
+    (a, keys_a), (b, keys_b) = two_sealed_instances(make_proxy, tmp_path)
+    write_keys(keys_a, {"k1": K1, "k2": K2}, "k2")
+    reload_and_wait(a, "sealing_key=k2")
+    assert "added in this same reload" in a.log()
+    key = new_key()
+    assert pay(a, key).status_code == 201
+    assert pg.record(key)["seal_key"] == "k2"
+    r = pay(b, key)  # b has not been reloaded yet
+    assert_problem(r, 500, "idempotency_record_unreadable")
+    assert stub.count(key=key) == 1
+    assert 'sealed under key \\"k2\\", which the key file does not hold' in b.log()
+    # once b has the key, the record opens there too
+    write_keys(keys_b, {"k1": K1, "k2": K2}, "k2")
+    reload_and_wait(b, "sealing_key=k2")
+    assert is_replay(pay(b, key))
+
+
+@pytest.mark.no_replay_cache
+def test_rotation_in_two_phases_keeps_every_record_readable_on_every_instance(
+        make_proxy, stub, pg, tmp_path):
+    personal(stub)
+    inst = two_sealed_instances(make_proxy, tmp_path)
+    (a, keys_a), (b, keys_b) = inst
+    answers = {}
+    for p, _ in inst:
+        k = new_key("k1")
+        answers[k] = pay(p, k)
+    # phase 1: add k2 everywhere, k1 stays active; reload every instance
+    for p, path in inst:
+        write_keys(path, {"k1": K1, "k2": K2}, "k1")
+        reload_and_wait(p, "configuration reloaded")
+        k = new_key("phase1")
+        answers[k] = pay(p, k)
+        readable_everywhere(inst, answers)
+    # phase 2: make k2 active, one instance at a time; records either one
+    # seals in between open on the other
+    for p, path in inst:
+        write_keys(path, {"k1": K1, "k2": K2}, "k2")
+        reload_and_wait(p, "sealing_key=k2")
+        for q, _ in inst:
+            k = new_key("phase2")
+            answers[k] = pay(q, k)
+        readable_everywhere(inst, answers)
+    sealed = {r["seal_key"] for r in pg.query(
+        "SELECT seal_key FROM idempotency_records WHERE idem_key = ANY(%s)",
+        (list(answers),))}
+    assert sealed == {"k1", "k2"}
+    for p, _ in inst:
+        assert unreadable_count(p) == 0
+        assert "added in this same reload" not in p.log()
+    for k in answers:
+        assert stub.count(key=k) == 1
