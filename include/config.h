@@ -23,6 +23,10 @@ enum tenant_kind {
 	TENANT_AUTHORIZATION,
 	TENANT_JWT,
 };
+
+/* A jwt route's issuer, escaped by ip_pct_escape, is at most this long: it
+ * is part of every stored tenant of the route. */
+#define ROUTE_JWT_ISSUER_MAX 255
 enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 typedef struct str_list {

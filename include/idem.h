@@ -18,9 +18,11 @@ enum idem_action {
 };
 
 #define IDEM_TENANT_MAX 255
+#define IDEM_JWT_ISSUER_MAX ROUTE_JWT_ISSUER_MAX
 /* The stored tenant names its source: "NAME" for static:NAME (no ':'),
- * "header:VALUE", "authorization:HEX", "jwt:VALUE". */
-#define IDEM_TENANT_STORED_MAX (IDEM_TENANT_MAX + 16)
+ * "header:VALUE", "authorization:HEX", "jwt:ISSUER:VALUE" (ISSUER escaped
+ * by ip_pct_escape, so the first ':' after it ends it). */
+#define IDEM_TENANT_STORED_MAX (IDEM_TENANT_MAX + IDEM_JWT_ISSUER_MAX + 16)
 /* A quoted key with every character escaped. */
 #define IDEM_KEY_HEADER_MAX (2 * IDKEY_MAX + 2)
 

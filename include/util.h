@@ -49,6 +49,12 @@ double ip_now_ms(void);
 /* Unix time in ms (the wall clock: for token expiry, never for timing). */
 int64_t ip_wall_ms(void);
 
+/* s with '%', ':' and every byte outside visible ASCII percent-encoded
+ * (upper-case hex), into out (n bytes, NUL-terminated, cut if short).
+ * Returns the length of the whole escaped form. The result has no ':',
+ * so it can be one field of a ':'-separated name. */
+size_t ip_pct_escape(const char *s, char *out, size_t n);
+
 /* Lower-case hex encoding; out must hold 2*n+1 bytes. */
 void ip_hex(const uint8_t *in, size_t n, char *out);
 

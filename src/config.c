@@ -1412,6 +1412,14 @@ static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
 				"= { keys = \"FILE\"; issuer = ...; audience "
 				"= ...; algorithms = [...]; } group",
 				r->name, r->tenant_arg);
+	if (r->tenant_kind == TENANT_JWT &&
+	    ip_pct_escape(r->jwt->issuer, NULL, 0) > ROUTE_JWT_ISSUER_MAX)
+		return cfg_fail(x, cfg_blame(g, defaults, "jwt", "jwt"),
+				"route \"%s\": jwt.issuer is too long: the "
+				"stored tenant holds it in at most %d "
+				"characters, with '%%', ':' and bytes outside "
+				"visible ASCII written as %%XX",
+				r->name, ROUTE_JWT_ISSUER_MAX);
 	if (r->wait_max_ms > r->lease_ms) {
 		const config_setting_t *set = cfg_member(g, "wait_max");
 		if (!set)

@@ -59,8 +59,9 @@ void idem_canonical_credentials(const char *v, ip_buf *out)
 }
 
 /* A jwt: tenant is a claim of the bearer token, once the token is verified
- * against the route's keys. The token itself is neither stored nor put in
- * any message. */
+ * against the route's keys, stored with the route's issuer (the token's
+ * iss, which must be that one). The token itself is neither stored nor put
+ * in any message. */
 static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 			    int64_t now_ms, idem_plan *p)
 {
@@ -93,7 +94,11 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 		reject(p, 401, "tenant_missing", "rejected", detail);
 		return false;
 	}
-	snprintf(p->tenant, sizeof p->tenant, "jwt:%s", value);
+	/* Scoped by the issuer: after the route's issuer changes, a subject
+	 * of the new one is never the old one's namesake. */
+	char iss[IDEM_JWT_ISSUER_MAX + 1];
+	ip_pct_escape(r->jwt->issuer, iss, sizeof iss);
+	snprintf(p->tenant, sizeof p->tenant, "jwt:%s:%s", iss, value);
 	return true;
 }
 

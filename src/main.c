@@ -108,8 +108,9 @@ static void usage(FILE *out)
 static int cmd_migrate(config *cfg)
 {
 	char err[512];
-	/* Migration 003 needs to know, from this conf, which routes' tenants
-	 * came from a header or a credential. */
+	/* Migrations 003 and 010 need to know, from this conf, which routes'
+	 * tenants came from a header or a credential, and each jwt route's
+	 * issuer. */
 	if (tenant_upgrade_stage(cfg, err, sizeof err)) {
 		fprintf(stderr, "idemproxy: migrate failed: %s\n", err);
 		return 1;

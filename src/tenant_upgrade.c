@@ -34,9 +34,10 @@ static int ask(PGconn *c, const char *sql, bool *yes, char *err,
 	return rc;
 }
 
-/* Has migration 003 been applied? (A query naming schema_migrations fails
- * when there is none yet: ask in two steps.) */
-static int applied(PGconn *c, bool *yes, char *err, size_t errlen)
+/* Has migration `version` been applied? (A query naming schema_migrations
+ * fails when there is none yet: ask in two steps.) */
+static int applied(PGconn *c, int version, bool *yes, char *err,
+		   size_t errlen)
 {
 	*yes = false;
 	bool table = false;
@@ -45,13 +46,15 @@ static int applied(PGconn *c, bool *yes, char *err, size_t errlen)
 		return -1;
 	if (!table)
 		return 0;
-	return ask(c,
-		   "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE "
-		   "version = 3)",
-		   yes, err, errlen);
+	char sql[128];
+	snprintf(sql, sizeof sql,
+		 "SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE "
+		 "version = %d)",
+		 version);
+	return ask(c, sql, yes, err, errlen);
 }
 
-static int stage(PGconn *c, const config *cfg, char *err, size_t errlen)
+static int stage_003(PGconn *c, const config *cfg, char *err, size_t errlen)
 {
 	if (exec(c,
 		 "CREATE TABLE IF NOT EXISTS idemproxy_tenant_sources_003 ("
@@ -78,22 +81,64 @@ static int stage(PGconn *c, const config *cfg, char *err, size_t errlen)
 	return 0;
 }
 
+/* Each jwt route's operation and the prefix its tenants get
+ * ("jwt:ISSUER:", the issuer escaped as idem.c stores it). */
+static int stage_010(PGconn *c, const config *cfg, char *err, size_t errlen)
+{
+	if (exec(c,
+		 "CREATE TABLE IF NOT EXISTS idemproxy_tenant_issuers_010 ("
+		 "operation text PRIMARY KEY, prefix text NOT NULL)",
+		 0, NULL, err, errlen))
+		return -1;
+	for (size_t i = 0; i < cfg->n_routes; i++) {
+		const route_cfg *r = &cfg->routes[i];
+		if (r->tenant_kind != TENANT_JWT || !r->jwt)
+			continue;
+		char iss[ROUTE_JWT_ISSUER_MAX + 1], prefix[sizeof iss + 8];
+		ip_pct_escape(r->jwt->issuer, iss, sizeof iss);
+		snprintf(prefix, sizeof prefix, "jwt:%s:", iss);
+		const char *vals[2] = {r->name, prefix};
+		if (exec(c,
+			 "INSERT INTO idemproxy_tenant_issuers_010 "
+			 "(operation, prefix) VALUES ($1, $2) "
+			 "ON CONFLICT (operation) DO UPDATE SET prefix = "
+			 "EXCLUDED.prefix",
+			 2, vals, err, errlen))
+			return -1;
+	}
+	return 0;
+}
+
+typedef int (*stage_fn)(PGconn *, const config *, char *, size_t);
+
+/* Stages what migration `version` reads, or drops a table left behind
+ * once it has been applied. */
+static int stage_one(PGconn *c, const config *cfg, int version,
+		     const char *table, stage_fn fn, char *err, size_t errlen)
+{
+	bool done = false;
+	if (applied(c, version, &done, err, errlen))
+		return -1;
+	if (!done)
+		return fn(c, cfg, err, errlen);
+	char sql[128];
+	snprintf(sql, sizeof sql, "DROP TABLE IF EXISTS %s", table);
+	return exec(c, sql, 0, NULL, err, errlen);
+}
+
 int tenant_upgrade_stage(const config *cfg, char *err, size_t errlen)
 {
 	pg_link l;
 	pg_link_init(&l, cfg->db_url, "idemproxy-migrate",
 		     cfg->statement_timeout_ms);
 	int rc = -1;
-	bool done = false;
-	if (pg_link_connect(&l, NULL, err, errlen) ||
-	    applied(l.conn, &done, err, errlen))
+	if (pg_link_connect(&l, NULL, err, errlen))
 		goto out;
-	if (done)
-		rc = exec(l.conn,
-			  "DROP TABLE IF EXISTS idemproxy_tenant_sources_003",
-			  0, NULL, err, errlen);
-	else
-		rc = stage(l.conn, cfg, err, errlen);
+	rc = stage_one(l.conn, cfg, 3, "idemproxy_tenant_sources_003",
+		       stage_003, err, errlen);
+	if (!rc)
+		rc = stage_one(l.conn, cfg, 10, "idemproxy_tenant_issuers_010",
+			       stage_010, err, errlen);
 out:
 	pg_link_close(&l);
 	return rc;

@@ -157,3 +157,25 @@ void ip_hex(const uint8_t *in, size_t n, char *out)
 	}
 	out[2 * n] = '\0';
 }
+
+size_t ip_pct_escape(const char *s, char *out, size_t n)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t k = 0;
+	for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+		char e[3] = {(char)*c, 0, 0};
+		size_t w = 1;
+		if (*c == '%' || *c == ':' || *c < 0x21 || *c > 0x7e) {
+			e[0] = '%';
+			e[1] = hex[*c >> 4];
+			e[2] = hex[*c & 15];
+			w = 3;
+		}
+		for (size_t i = 0; i < w; i++, k++)
+			if (k + 1 < n)
+				out[k] = e[i];
+	}
+	if (n)
+		out[k < n ? k : n - 1] = '\0';
+	return k;
+}

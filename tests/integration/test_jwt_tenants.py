@@ -16,9 +16,12 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
+from conftest import run_binary
 from helpers import assert_problem, is_replay, new_key, raw_request, wait_until
 
 ISS = "https://id.example"
+# The stored tenant names the issuer, escaped ('%' and ':' as %XX).
+T = "jwt:https%3A//id.example:"
 AUD = "payments-api"
 PATH = "/v1/jwt/payments"
 HS_SECRET = b"0123456789abcdef0123456789abcdef-shared"
@@ -84,7 +87,8 @@ def jproxy(make_proxy, stub, tmp_path, keys):
     routes = [{"name": "jwt_pay", "path": PATH, "upstream": stub.url, "tenant": "jwt:org",
                "jwt": {"keys": path, "issuer": ISS, "audience": AUD,
                        "algorithms": ["RS256", "ES256", "EdDSA", "HS256"],
-                       "leeway": "5s"}}]
+                       "leeway": "5s"}},
+              {"name": "plain", "path": "/v1/plain", "upstream": stub.url}]
     p = make_proxy(routes=routes)
     p.jwks_path = path
     return p
@@ -105,7 +109,7 @@ def test_each_algorithm_gives_the_claim_as_tenant(jproxy, stub, pg, keys):
         assert is_replay(again), alg
         assert stub.count(key=key) == 1
         rec = pg.record(key)
-        assert rec["tenant"] == "jwt:acme"
+        assert rec["tenant"] == T + "acme"
         # The upstream authenticates too: it gets the token as sent.
         assert stub.requests(key=key)[0].header("Authorization") == "Bearer " + tok
 
@@ -122,7 +126,7 @@ def test_tenants_from_tokens_never_share_records_or_cached_answers(jproxy, stub,
     assert is_replay(a2) and a2.content == a.content
     assert is_replay(b2) and b2.content == b.content
     assert stub.count(key=key) == 2
-    assert sorted(r["tenant"] for r in pg.records(key)) == ["jwt:acme", "jwt:globex"]
+    assert sorted(r["tenant"] for r in pg.records(key)) == [T + "acme", T + "globex"]
 
 
 def hs256_by_hand(header, payload, secret):
@@ -206,7 +210,7 @@ def test_the_token_is_never_stored_or_logged(jproxy, stub, pg, keys):
     assert tok.split(".")[2] not in jproxy.log()
     lines = [json.loads(l) for l in jproxy.log().splitlines() if l.startswith("{")
              and json.loads(l).get("msg") == "request"]
-    assert [l["tenant"] for l in lines][-2:] == ["jwt:acme", "jwt:acme"]
+    assert [l["tenant"] for l in lines][-2:] == [T + "acme", T + "acme"]
 
 
 def test_sighup_reloads_the_key_file(jproxy, stub, pg, keys):
@@ -227,3 +231,93 @@ def test_sighup_reloads_the_key_file(jproxy, stub, pg, keys):
     assert "jwks.json" in [l for l in jproxy.log().splitlines() if "reload failed" in l][-1]
     assert pay(jproxy, new, new_key()).status_code == 201
     assert jproxy.proc.poll() is None
+
+
+ISS2 = "https://login.example:8443/tenant%2F7"
+
+
+def set_issuer(proxy, old, new):
+    """Changes the route's issuer in the proxy's conf and reloads."""
+    with open(proxy.conf_path) as f:
+        text = f.read()
+    assert text.count('"%s"' % old) == 1, text
+    with open(proxy.conf_path + ".new", "w") as f:
+        f.write(text.replace('"%s"' % old, '"%s"' % new))
+    os.replace(proxy.conf_path + ".new", proxy.conf_path)
+    n = proxy.log().count("configuration reloaded")
+    proxy.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: proxy.log().count("configuration reloaded") > n, what="the reload")
+
+
+def escaped(iss):
+    return iss.replace("%", "%25").replace(":", "%3A")
+
+
+def test_the_same_subject_of_another_issuer_is_another_tenant(jproxy, stub, pg, keys):
+    """After the route's issuer changes, a subject of the new issuer that
+    happens to have the value of one of the old issuer's must not replay
+    that one's answers: tenants are scoped by the issuer."""
+    key = new_key()
+    old = pay(jproxy, token(keys, org="123"), key)
+    assert old.status_code == 201
+    set_issuer(jproxy, ISS, ISS2)
+    new = pay(jproxy, token(keys, org="123", iss=ISS2), key)
+    assert new.status_code == 201 and not is_replay(new), new.text
+    assert stub.count(key=key) == 2
+    assert sorted(r["tenant"] for r in pg.records(key)) == sorted(
+        ["jwt:%s:123" % escaped(ISS), "jwt:%s:123" % escaped(ISS2)])
+    # each issuer's subject replays its own answer only
+    again = pay(jproxy, token(keys, org="123", iss=ISS2), key)
+    assert is_replay(again) and again.content == new.content
+    set_issuer(jproxy, ISS2, ISS)
+    again = pay(jproxy, token(keys, org="123"), key)
+    assert is_replay(again) and again.content == old.content
+    assert stub.count(key=key) == 2
+
+
+def test_migrate_scopes_existing_jwt_tenants_by_the_issuer_once(jproxy, make_proxy, stub,
+                                                                pg, keys):
+    """Records written before JWT tenants named their issuer ('jwt:VALUE')
+    are moved by --migrate under the issuer the conf gives their route, so
+    a retry of a pre-upgrade key is still a replay; other tenants are left
+    as they are."""
+    key = new_key()
+    tok = token(keys, org="123")
+    first = pay(jproxy, tok, key)
+    plain = jproxy.post("/v1/plain", key=key, json={"n": 1})
+    assert first.status_code == 201 and plain.status_code == 201
+    assert jproxy.stop() == 0
+    # Make the database look as it did before: no issuer, no 010.
+    assert pg.execute("UPDATE idempotency_records SET tenant = 'jwt:' || "
+                      "substr(tenant, %s) WHERE tenant LIKE 'jwt:%%'", (len(T) + 1,)) == 1
+    pg.execute("DELETE FROM schema_migrations WHERE version = 10")
+    assert sorted(r["tenant"] for r in pg.records(key)) == ["default", "jwt:123"]
+    r = run_binary(["-c", jproxy.conf_path, "--migrate"], env=jproxy.env)
+    assert r.returncode == 0, r.stderr
+    want = [("jwt_pay", T + "123"), ("plain", "default")]
+    assert sorted((x["operation"], x["tenant"]) for x in pg.records(key)) == want
+    assert pg.query("SELECT count(*) AS n FROM schema_migrations WHERE version = 10")[0]["n"] == 1
+    assert pg.query("SELECT to_regclass('idemproxy_tenant_issuers_010') IS NULL AS gone")[0]["gone"]
+    # A second run changes nothing.
+    r = run_binary(["-c", jproxy.conf_path, "--migrate"], env=jproxy.env)
+    assert r.returncode == 0, r.stderr
+    assert sorted((x["operation"], x["tenant"]) for x in pg.records(key)) == want
+    jproxy.start()
+    again = pay(jproxy, tok, key)
+    assert is_replay(again) and again.content == first.content
+    assert stub.count(key=key) == 2  # the jwt payment and the plain one, once each
+
+
+def test_check_refuses_an_issuer_too_long_for_the_stored_tenant(make_proxy, stub, tmp_path,
+                                                                keys):
+    path = str(tmp_path / "jwks.json")
+    write_jwks(path, keys.jwks())
+    # 100 ':' are 300 characters once escaped: more than a tenant holds
+    iss = "urn:" + ":" * 100
+    routes = [{"name": "jwt_pay", "path": PATH, "tenant": "jwt:org",
+               "jwt": {"keys": path, "issuer": iss, "audience": AUD,
+                       "algorithms": ["RS256"]}}]
+    p = make_proxy(routes=routes, migrate=False, start=False)
+    r = run_binary(["-c", p.conf_path, "--check"])
+    assert r.returncode == 1
+    assert "jwt.issuer is too long" in r.stderr, r.stderr

@@ -253,6 +253,24 @@ static void test_prefer_wait(void **state)
 	assert_int_equal(wait_for(false, "waiting=4", &a), 0);
 }
 
+/* The issuer in a stored jwt tenant: no ':' left, nothing ambiguous. */
+static void test_issuer_escape(void **state)
+{
+	(void)state;
+	char out[64];
+	assert_int_equal(ip_pct_escape("https://id.example:8443/a%2Fb", out,
+				       sizeof out),
+			 strlen("https%3A//id.example%3A8443/a%252Fb"));
+	assert_string_equal(out, "https%3A//id.example%3A8443/a%252Fb");
+	assert_int_equal(ip_pct_escape("a b\xc3\xa9", out, sizeof out), 11);
+	assert_string_equal(out, "a%20b%C3%A9");
+	/* cut to the buffer, the whole length still returned */
+	char small[5];
+	assert_int_equal(ip_pct_escape("a:b:c", small, sizeof small), 9);
+	assert_string_equal(small, "a%3A");
+	assert_int_equal(ip_pct_escape("x:y", NULL, 0), 5);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -260,6 +278,7 @@ int main(void)
 		cmocka_unit_test(test_key_header_round_trips),
 		cmocka_unit_test(test_path_spellings),
 		cmocka_unit_test(test_canonical_credentials),
+		cmocka_unit_test(test_issuer_escape),
 		cmocka_unit_test(test_authorization_tenant),
 		cmocka_unit_test(test_tenants_name_their_source),
 		cmocka_unit_test(test_prefer_wait),
