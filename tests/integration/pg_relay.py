@@ -27,6 +27,13 @@ release() ends every hold in place now; clear() starts no new holds (holds in
 place go on). .held counts holds started, .cuts connections cut by holds.
 terminate_all() closes every relayed connection at once.
 
+hold_all(seconds, then="deliver"): a stalled network path. From now on no
+byte passes in either direction on any relayed connection, nor on one
+opened meanwhile (the first bytes read wait in the relay, the rest in the
+kernel's buffers); after `seconds` (or at release()) then="deliver" lets
+everything through again, then="cut" closes every relayed connection
+first. Returns at once; .all_holds counts them.
+
 Answers are matched to statements by counting ReadyForQuery messages: the
 startup packet, every Sync, simple Query and FunctionCall get one.
 
@@ -84,6 +91,11 @@ class PgRelay:
         self._specs = []        # [statement bytes, seconds, then, phase, shots]
         self._active = []       # holds started and not yet ended
         self._conns = set()
+        self.all_holds = 0
+        self._flowing = threading.Event()   # cleared by hold_all
+        self._flowing.set()
+        self._all_timer = None
+        self._all_then = None
         self._stopping = threading.Event()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -112,6 +124,29 @@ class PgRelay:
         with self.lock:
             for h in self._active:
                 h.released = True
+        self._end_all()
+
+    def hold_all(self, seconds, then="deliver"):
+        assert then in ("deliver", "cut"), then
+        with self.lock:
+            assert self._all_timer is None, "hold_all is already in place"
+            self.all_holds += 1
+            self._all_then = then
+            self._flowing.clear()
+            self._all_timer = threading.Timer(seconds, self._end_all)
+            self._all_timer.daemon = True
+            self._all_timer.start()
+
+    def _end_all(self):
+        with self.lock:
+            timer, self._all_timer = self._all_timer, None
+            then = self._all_then
+        if timer is None:
+            return
+        timer.cancel()
+        if then == "cut":
+            self.terminate_all()   # before anything held can pass
+        self._flowing.set()
 
     def clear(self):
         with self.lock:
@@ -223,6 +258,7 @@ class PgRelay:
         startup = True
         try:
             while True:
+                self._flowing.wait()
                 h = conn.stmt_hold
                 if h is not None and h.due():
                     conn.stmt_hold = None
@@ -236,6 +272,7 @@ class PgRelay:
                     continue
                 if not data:
                     break
+                self._flowing.wait()
                 buf += data
                 if conn.stmt_hold is None:
                     buf, startup = self._pass_up(conn, buf, startup)
@@ -298,6 +335,7 @@ class PgRelay:
         zcount = 0
         try:
             while True:
+                self._flowing.wait()
                 with conn.lock:
                     h = conn.answer_holds[0] if conn.answer_holds else None
                 if h is not None and h.due():
@@ -313,6 +351,7 @@ class PgRelay:
                     continue
                 if not data:
                     break
+                self._flowing.wait()
                 buf, zcount = self._pass_down(conn, buf + data, zcount)
         except OSError:
             pass

@@ -106,3 +106,64 @@ def test_relay_cuts_a_held_answer_after_its_seconds_and_spares_other_connections
                 other.execute("SELECT 8")
     finally:
         relay.stop()
+
+
+# --- pg_relay: a stalled network path (every connection at once) ---
+
+def test_relay_holds_all_traffic_then_delivers(pg):
+    relay = PgRelay(pg.cluster.port)
+    try:
+        pg.execute("CREATE TABLE relay_t (n int)")
+        with relayed(relay, pg) as c:
+            relay.hold_all(seconds=3600)
+            out = []
+            t = threading.Thread(target=lambda: out.append(
+                c.execute("INSERT INTO relay_t VALUES (1) RETURNING n").fetchone()))
+            t.start()
+            late = []
+
+            def connect_and_ask():
+                with relayed(relay, pg) as d:
+                    late.append(d.execute("SELECT 5").fetchone())
+            opened = threading.Thread(target=connect_and_ask)
+            opened.start()   # a connection opened during the hold waits too
+            t.join(0.3)
+            opened.join(0.3)
+            assert not out and not late
+            assert pg.query("SELECT count(*) AS n FROM relay_t")[0]["n"] == 0
+            relay.release()
+            t.join(TIMEOUT)
+            opened.join(TIMEOUT)
+            assert out == [(1,)] and late == [(5,)]
+            assert relay.all_holds == 1 and relay.cuts == 0
+    finally:
+        relay.stop()
+
+
+def test_relay_holds_all_traffic_then_cuts_every_connection(pg):
+    relay = PgRelay(pg.cluster.port)
+    try:
+        pg.execute("CREATE TABLE relay_t (n int)")
+        with relayed(relay, pg) as c, relayed(relay, pg) as idle:
+            relay.hold_all(seconds=3600, then="cut")
+            errors = []
+
+            def run():
+                try:
+                    c.execute("INSERT INTO relay_t VALUES (1)")
+                except psycopg.OperationalError as e:
+                    errors.append(e)
+            t = threading.Thread(target=run)
+            t.start()
+            t.join(0.3)
+            relay.release()
+            t.join(TIMEOUT)
+            assert errors
+            with pytest.raises(psycopg.OperationalError):
+                idle.execute("SELECT 8")
+        # what was held never reached the server
+        assert pg.query("SELECT count(*) AS n FROM relay_t")[0]["n"] == 0
+        with relayed(relay, pg) as fresh:   # the path works again
+            assert fresh.execute("SELECT 9").fetchone() == (9,)
+    finally:
+        relay.stop()
