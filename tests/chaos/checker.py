@@ -249,9 +249,11 @@ def replay_latencies(chaos, samples, during):
     warm replays that overlapped a store outage or a stall of the store or
     the log (during=True), or none of them (False); a replay on a proxy
     that was being killed, stopped or frozen meanwhile counts in neither."""
-    windows = [(e["t"], e["t_end"]) for e in chaos if e.get("t_end") is not None and (
-        e["kind"] == "pg_restart" or (e["kind"] == "stall" and e["stall"] in REPLAY_STALLS
-                                      and e.get("started", True)))]
+    windows = [(e.get("stall") or e["kind"], e.get("inst"), e["t"], e["t_end"]) for e in chaos
+               if e.get("t_end") is not None and (
+                   e["kind"] == "pg_restart" or (e["kind"] == "stall" and
+                                                 e["stall"] in REPLAY_STALLS and
+                                                 e.get("started", True)))]
     away = [(e["inst"], e["t"], e["t_end"]) for e in chaos if e.get("t_end") is not None and (
         e["kind"] in ("kill", "term") or e.get("stall") == "freeze")]
     out = []
@@ -261,8 +263,10 @@ def replay_latencies(chaos, samples, during):
         if any(i == a["inst"] and _overlaps(a["t0"] - 0.5, a["t1"], t0, t1)
                for i, t0, t1 in away):
             continue
-        if any(_overlaps(a["t0"], a["t1"], t0, t1) for t0, t1 in windows) == during:
-            out.append((a, None if a.get("error") else a["t1"] - a["t0"]))
+        over = ["%s%s" % (k, " of " + i if i else "") for k, i, t0, t1 in windows
+                if _overlaps(a["t0"], a["t1"], t0, t1)]
+        if bool(over) == during:
+            out.append((dict(a, stalls=over), None if a.get("error") else a["t1"] - a["t0"]))
     return out
 
 
@@ -286,9 +290,10 @@ def check_replays_answer(chaos, samples, bound_s):
     v = []
     for a, lat in replay_latencies(chaos, samples, True):
         if lat is None or lat > bound_s:
-            v.append(("replay_during_stall", "key %s: a replay from %s's cache during a "
-                      "stall %s (rid %s, at %.3f)" % (
-                          a["key"], a["inst"], "failed: %s" % a["error"] if lat is None
+            v.append(("replay_during_stall", "key %s: a replay from %s's cache during %s "
+                      "%s (rid %s, at %.3f)" % (
+                          a["key"], a["inst"], ", ".join(a["stalls"]),
+                          "failed: %s" % a["error"] if lat is None
                           else "took %.2f s (bound %.1f s)" % (lat, bound_s),
                           a.get("rid"), a["t0"])))
     return v
