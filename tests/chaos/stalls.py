@@ -47,9 +47,10 @@ def shim_path():
 
 
 class Stalls:
-    def __init__(self, tmp, pg_port, lease_s, seed):
+    def __init__(self, tmp, pg_port, lease_s, seed, kinds=None):
         self.lease_s = lease_s
-        self.rng = random.Random(seed + 11)
+        self.rng = random.Random(seed)
+        self.kinds = list(kinds or KINDS)
         self.bag = []
         self.relay = PgRelay(pg_port)
         procs.at_cleanup(self.relay.stop)
@@ -71,12 +72,14 @@ class Stalls:
         """Every kind once, in a random order, then again: a short run
         still sees each."""
         if not self.bag:
-            self.bag = list(KINDS)
+            self.bag = list(self.kinds)
             self.rng.shuffle(self.bag)
         return self.bag.pop()
 
     def past_lease(self):
-        return self.rng.uniform(self.lease_s + 0.5, self.lease_s + 1.5)
+        """Just past the lease (a retry may find its own claim expired
+        before another attempt took the key) up to well past it."""
+        return self.rng.uniform(self.lease_s + 0.1, self.lease_s + 1.5)
 
     def run(self, kind, proxies, event):
         """Injects one stall; returns its event (t and t_end bound it)."""
@@ -116,7 +119,8 @@ class Stalls:
         phase = "answer" if kind == "hold_answer" else "statement"
         seconds = self.past_lease()
         before = self.relay.held
-        self.relay.hold(stmt, seconds=seconds, then=then, phase=phase, shots=1)
+        # two executions: a batch claim and a lone one, or two batches
+        self.relay.hold(stmt, seconds=seconds, then=then, phase=phase, shots=2)
         deadline = time.time() + 3.0
         while self.relay.held == before and time.time() < deadline:
             time.sleep(0.02)
