@@ -52,7 +52,7 @@ CLIENT_TIMEOUT_S = 6.0
 # A replay of an answer the proxy holds in its cache is answered within
 # this while the store or the log stalls (a hit takes about a millisecond;
 # the bound leaves room for a loaded 2-core machine).
-REPLAY_BOUND_S = 1.0
+REPLAY_BOUND_S = 1.5
 LOOP_STALL_MAX_S = 2.0  # the default loop_stall_max: /readyz fails past it
 
 PAY, REFUND = "/v1/payments", "/v1/refunds"
