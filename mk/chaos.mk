@@ -21,7 +21,7 @@ CHAOS_ENV          := IDEMPROXY_BIN=$(abspath $(BUILD)/idemproxy)
 chaos-selftest:
 	cd tests/chaos && $(PYTHON) -m pytest -q -p no:cacheprovider test_checker.py
 
-chaos: $(BUILD)/idemproxy chaos-selftest
+chaos: $(BUILD)/idemproxy $(BUILD)/slow_resolver.so chaos-selftest
 	cd tests/chaos && $(CHAOS_ENV) $(PYTHON) soak.py --seconds $(CHAOS_SECONDS) \
 		--modes $(CHAOS_MODES) --fuzz-seconds $(CHAOS_FUZZ_SECONDS)
 

@@ -15,7 +15,11 @@ Inputs (plain dicts and lists, so test_checker.py can feed synthetic ones):
             key, flow, kind, final (bool), cause (why it stopped or stuck)
   keys      key -> {"route", "body": bytes, "probes": [bytes]}
   logs      proxy log lines (parsed JSON) with "inst" added
-  chaos     events: kind (kill|term|pg_restart|hup), inst, t (for the figures)
+  chaos     events: kind (kill|term|pg_restart|hup|stall), inst, t, t_end;
+            a stall has stall (hold_answer|hold_statement|hold_all|dns|log|
+            freeze), store (every connection to the store stalled),
+            started (False: a hold that found no statement to hold), and a
+            freeze frozen_at, thawed_at and polls ([{t, status}] of /readyz)
   exits     proxy exits: inst, rc, expected (the soak killed it), t (when
             the process had ended), why
   port_inst upstream port -> proxy instance
@@ -104,12 +108,18 @@ def log_time(ln):
         return None
 
 
+def store_down(e):
+    """Was every connection to the store lost or stalled during e?"""
+    return e["kind"] == "pg_restart" or (e["kind"] == "stall" and e.get("store"))
+
+
 def long_outage(t, chaos, lease_s):
-    """Was the store down longer than the lease around time t? Then even a
-    proxy that retries its record for the whole lease may lose it."""
+    """Was the store down (crashed, or all its traffic held, or its name
+    unresolvable) longer than the lease around time t? Then even a proxy
+    that retries its record for the whole lease may lose it."""
     if t is None or lease_s is None:
         return False
-    return any(e["kind"] == "pg_restart" and e.get("t_end") is not None
+    return any(store_down(e) and e.get("t_end") is not None
                and e["t_end"] - e["t"] >= lease_s and e["t"] <= t <= e["t_end"] + 0.5
                for e in chaos)
 
@@ -194,6 +204,128 @@ def check_repeats_explained(ups, logs, exits, port_inst, ttl_by_target=None,
                           % (key, _short(cur), proxy_said(cur, idx), _short(prev),
                              proxy_said(prev, idx), note)))
     return v
+
+
+def check_takeover_after_lease(ups, attempts, logs, lease_s,
+                               release_statuses=RELEASE_STATUSES):
+    """A key is executed again only after the lease of the attempt that
+    sent it before had ended, unless that attempt was answered with a
+    status that releases the key. The attempt claimed the key after its
+    client sent the request (t0), so its lease ran at least until t0 +
+    lease: a repeat that reached the upstream before that was sent while
+    the lease was alive."""
+    v = []
+    idx = index_logs(logs)
+    sent_at = {a["rid"]: a["t0"] for a in attempts if a.get("rid")}
+    for key, rs in by_key(ups).items():
+        for prev, cur in zip(rs, rs[1:]):
+            ln = (idx.get(prev.get("rid")) or {}).get("line") or {}
+            if ln.get("outcome") == "forwarded" and ln.get("status") in release_statuses:
+                continue
+            if prev.get("status") in release_statuses and prev.get("answered"):
+                continue
+            t0 = sent_at.get(prev.get("rid"))
+            if t0 is None or lease_s is None:
+                continue
+            if cur["start"] < t0 + lease_s - 0.05:
+                v.append(("takeover_after_lease", "key %s: %s%s reached the upstream %.2f s"
+                          " after the request of %s%s was sent, inside its %.1f s lease" % (
+                              key, _short(cur), proxy_said(cur, idx), cur["start"] - t0,
+                              _short(prev), proxy_said(prev, idx), lease_s)))
+    return v
+
+
+# --- stalls --------------------------------------------------------------------
+
+REPLAY_STALLS = ("hold_answer", "hold_statement", "hold_all", "dns", "log")
+
+
+def _overlaps(a0, a1, b0, b1):
+    return a0 < b1 and b0 < a1
+
+
+def replay_latencies(chaos, samples, during):
+    """Latencies (seconds; None for a transport error) of the prober's
+    warm replays that overlapped a store outage or a stall of the store or
+    the log (during=True), or none of them (False); a replay on a proxy
+    that was being killed, stopped or frozen meanwhile counts in neither."""
+    windows = [(e.get("stall") or e["kind"], e.get("inst"), e["t"], e["t_end"]) for e in chaos
+               if e.get("t_end") is not None and (
+                   e["kind"] == "pg_restart" or (e["kind"] == "stall" and
+                                                 e["stall"] in REPLAY_STALLS and
+                                                 e.get("started", True)))]
+    away = [(e["inst"], e["t"], e["t_end"]) for e in chaos if e.get("t_end") is not None and (
+        e["kind"] in ("kill", "term") or e.get("stall") == "freeze")]
+    out = []
+    for a in samples:
+        if not a.get("warm") or a.get("t1") is None:
+            continue
+        if any(i == a["inst"] and _overlaps(a["t0"] - 0.5, a["t1"], t0, t1)
+               for i, t0, t1 in away):
+            continue
+        over = ["%s%s" % (k, " of " + i if i else "") for k, i, t0, t1 in windows
+                if _overlaps(a["t0"], a["t1"], t0, t1)]
+        if bool(over) == during:
+            out.append((dict(a, stalls=over), None if a.get("error") else a["t1"] - a["t0"]))
+    return out
+
+
+def latency_line(lat):
+    ok = sorted(x for _, x in lat if x is not None)
+    if not lat:
+        return "no samples"
+    if not ok:
+        return "%d samples, all transport errors" % len(lat)
+
+    def q(p):
+        return ok[min(len(ok) - 1, int(p * len(ok)))] * 1000
+    return "%d samples, p50 %.1f ms, p99 %.1f ms, max %.1f ms%s" % (
+        len(lat), q(0.5), q(0.99), ok[-1] * 1000,
+        ", %d transport errors" % (len(lat) - len(ok)) if len(ok) < len(lat) else "")
+
+
+def check_replays_answer(chaos, samples, bound_s):
+    """A replay of an answer the proxy holds in its cache comes back
+    within bound_s while the store or the log stalls: it needs neither."""
+    v = []
+    for a, lat in replay_latencies(chaos, samples, True):
+        if lat is None or lat > bound_s:
+            v.append(("replay_during_stall", "key %s: a replay from %s's cache during %s "
+                      "%s (rid %s, at %.3f)" % (
+                          a["key"], a["inst"], ", ".join(a["stalls"]),
+                          "failed: %s" % a["error"] if lat is None
+                          else "took %.2f s (bound %.1f s)" % (lat, bound_s),
+                          a.get("rid"), a["t0"])))
+    return v
+
+
+def check_readyz_frozen(chaos, stall_max_s, margin_s=1.0):
+    """While a proxy's serving thread is frozen longer than loop_stall_max,
+    /readyz on its admin listener answers something else than 200."""
+    v = []
+    for e in chaos:
+        if e.get("stall") != "freeze":
+            continue
+        if e.get("error"):
+            v.append(("stall_injected", "the freeze of %s failed: %s" % (e["inst"],
+                                                                       e["error"])))
+            continue
+        t0, t1 = e["frozen_at"] + stall_max_s + margin_s, e["thawed_at"] - 0.1
+        if t1 <= t0:
+            continue
+        seen = [q for q in e["polls"] if t0 <= q["t"] <= t1]
+        if not seen or all(q["status"] == 200 for q in seen):
+            v.append(("readyz_sees_frozen_loop", "%s's serving thread was frozen %.1f s; "
+                      "/readyz answered %s from %.1f s on" % (
+                          e["inst"], e["thawed_at"] - e["frozen_at"],
+                          ", ".join(str(q["status"]) for q in seen) or "nothing",
+                          stall_max_s + margin_s)))
+    return v
+
+
+def check_stalls(chaos, samples, replay_bound_s, stall_max_s):
+    return check_replays_answer(chaos, samples, replay_bound_s) + \
+        check_readyz_frozen(chaos, stall_max_s)
 
 
 # --- both modes ---------------------------------------------------------------
@@ -362,6 +494,7 @@ def check_run(mode, ups, attempts, flows, keys, logs, chaos, exits, port_inst,
         v += check_no_overlap(ups, logs)
         v += check_repeats_explained(ups, logs, exits, port_inst, ttl_by_target,
                                      first_try=first_try, chaos=chaos, lease_s=lease_s)
+        v += check_takeover_after_lease(ups, attempts, logs, lease_s)
     v += check_answers_carry_result(attempts, ups, dedup)
     v += check_bodies(ups, keys)
     v += check_probes(flows)

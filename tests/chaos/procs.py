@@ -8,6 +8,7 @@ port on 127.0.0.1; unlike there, fsync and synchronous_commit stay on.
 """
 import collections
 import ctypes
+import fcntl
 import glob
 import json
 import os
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psycopg
@@ -31,6 +33,7 @@ from helpers import render_conf  # noqa: E402
 BINARY = os.environ.get("IDEMPROXY_BIN", os.path.join(ROOT, "build", "idemproxy"))
 
 _cleanups = []
+PIPE_SETSZ = 1031   # F_SETPIPE_SZ (Linux)
 
 
 def at_cleanup(fn):
@@ -258,6 +261,15 @@ class Proxy:
                              admin_listen="127.0.0.1:%d" % self.admin_port)
         self.url = "http://127.0.0.1:%d" % self.port
         self.proc = None
+        self.started = 0.0
+        self.extra_env = {}
+        # log_pipe: the proxy's stdout and stderr go through a pipe that a
+        # thread of the soak drains into the log file; clearing draining
+        # stops the reader (a log reader that stops reading)
+        self.log_pipe = False
+        self.draining = threading.Event()
+        self.draining.set()
+        self.drainer = None
         self.write_conf()
         at_cleanup(self.kill_quietly)
 
@@ -271,6 +283,7 @@ class Proxy:
         e = dict(os.environ)
         e.pop("IDEMPROXY_DATABASE_URL", None)
         e.pop("IDEMPROXY_LISTEN", None)
+        e.update(self.extra_env)
         return e
 
     def migrate(self):
@@ -282,11 +295,19 @@ class Proxy:
     def start(self, timeout=20.0):
         if STOPPING["on"]:
             raise RuntimeError("cleaning up: not starting proxy %s" % self.name)
+        self.wait_drained()   # the last process's lines come first
+        self.started = time.time()
         logf = open(self.log_path, "ab")
+        out = subprocess.PIPE if self.log_pipe else logf
         self.proc = subprocess.Popen([BINARY, "-c", self.conf_path], stdin=subprocess.DEVNULL,
-                                     stdout=logf, stderr=logf, env=self.env(),
+                                     stdout=out, stderr=subprocess.STDOUT, env=self.env(),
                                      preexec_fn=die_with_parent)
-        logf.close()
+        if self.log_pipe:
+            self.drainer = threading.Thread(target=self._drain, args=(self.proc.stdout, logf),
+                                            daemon=True)
+            self.drainer.start()
+        else:
+            logf.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -301,6 +322,34 @@ class Proxy:
             time.sleep(0.05)
         raise RuntimeError("proxy %s not ready in %.0fs:\n%s" % (self.name, timeout,
                                                                  self.log_tail()))
+
+    def _drain(self, pipe, logf):
+        """Copies the pipe into the log file while draining is set. The
+        pipe is made as small as the kernel allows (one page), so a stop
+        of the reader blocks the writer after a few lines, not 64 KiB."""
+        try:
+            fcntl.fcntl(pipe.fileno(), PIPE_SETSZ, 4096)
+        except OSError:
+            pass
+        try:
+            while True:
+                self.draining.wait()
+                data = os.read(pipe.fileno(), 65536)
+                if not data:
+                    break
+                logf.write(data)
+                logf.flush()
+        finally:
+            logf.close()
+            pipe.close()
+
+    def wait_drained(self, timeout=10):
+        """The log file holds everything the last process wrote (it has
+        ended or is about to)."""
+        self.draining.set()
+        if self.drainer is not None:
+            self.drainer.join(timeout)
+            self.drainer = None
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
@@ -322,6 +371,7 @@ class Proxy:
             return ""
 
     def log_lines(self):
+        self.wait_drained()
         out = []
         try:
             with open(self.log_path, errors="replace") as f:

@@ -1,10 +1,16 @@
 """The chaos soak: two idemproxy instances on one PostgreSQL, a faulty
 upstream, retrying clients, and chaos (SIGKILL, SIGTERM and restart of a
-proxy, PostgreSQL crash-restarts, SIGHUP), then the invariants of
-checker.py on what the upstream, the clients and the proxies recorded.
+proxy, PostgreSQL crash-restarts, SIGHUP) taking turns with stalls
+(stalls.py: statements, answers or all traffic held past the lease by a
+relay, a resolver that hangs, a log reader that stops, a frozen serving
+thread), then the invariants of checker.py on what the upstream, the
+clients and the proxies recorded.
 
   soak.py [--seconds 60] [--modes hold,release] [--seed N] [--fuzz-seconds 30]
-          [--citus]
+          [--citus] [--no-stalls]
+
+--no-stalls keeps the crashes only (--citus implies it: the relay and the
+resolver shim sit in front of one server).
 
 --citus runs it on a Citus coordinator with two workers (procs.CitusPg,
 database.distributed = "citus"): the keys are spread over four tenants, two
@@ -32,6 +38,7 @@ import requests
 
 import checker
 import procs
+import stalls as stalls_mod
 from procs import Pg, Proxy, describe_rc, make_tmp, rss_kb
 
 LEASE_S = 3.0
@@ -42,6 +49,11 @@ FLOW_SECONDS = 8.0      # how long a client retries one request
 RETRY_CAP_S = 1.0       # Retry-After is honoured up to this
 CLIENTS = 12
 CLIENT_TIMEOUT_S = 6.0
+# A replay of an answer the proxy holds in its cache is answered within
+# this while the store or the log stalls (a hit takes about a millisecond;
+# the bound leaves room for a loaded 2-core machine).
+REPLAY_BOUND_S = 1.5
+LOOP_STALL_MAX_S = 2.0  # the default loop_stall_max: /readyz fails past it
 
 PAY, REFUND = "/v1/payments", "/v1/refunds"
 TENANT_HEADER = "X-Tenant-Id"
@@ -72,7 +84,7 @@ def settings_for(mode, url, upstream_port, citus=False):
         "shutdown_grace": "3s",
         "log_level": "info",
         "log_format": "json",
-        "replay_cache_ttl": "10s",
+        "replay_cache_ttl": "30s",
         "database": database,
         "reaper": {"interval": "1s"},
         "defaults": defaults,
@@ -125,7 +137,7 @@ class Upstream:
 class Run:
     """One mode's soak."""
 
-    def __init__(self, mode, pg, seconds, seed):
+    def __init__(self, mode, pg, seconds, seed, stalls=stalls_mod.KINDS):
         self.mode = mode
         self.pg = pg
         self.citus = isinstance(pg, procs.CitusPg)
@@ -145,17 +157,28 @@ class Run:
         self.stop_new = threading.Event()
         self.hard_stop = None
         self.rid_seq = 0
+        self.stall_kinds = [] if self.citus else list(stalls)
+        self.stalls = None
+        self.prober = None
 
     # --- set-up --------------------------------------------------------------
 
     def setup(self):
         url = self.pg.create_db("chaos_%s" % self.mode)
+        if self.stall_kinds:
+            # each mode its own order of stalls
+            self.stalls = stalls_mod.Stalls(self.tmp, self.pg.port, LEASE_S,
+                                            self.seed * 31 + len(self.mode), self.stall_kinds)
+            url = self.stalls.url("chaos_%s" % self.mode)
         self.upstream = Upstream(self.tmp, self.mode == "release", self.seed)
         self.proxies = []
         for i, port in enumerate(self.upstream.ports):
             p = Proxy("p%d" % (i + 1), self.tmp, settings_for(self.mode, url, port,
                                                               self.citus))
             p.managed = False
+            if self.stalls:
+                p.extra_env = self.stalls.env()
+                p.log_pipe = True
             self.proxies.append(p)
         self.port_inst = {port: p.name for port, p in zip(self.upstream.ports, self.proxies)}
         self.proxies[0].migrate()
@@ -266,6 +289,8 @@ class Run:
             if final:
                 flow["final"] = True
                 flow["answer"] = (a["status"], a["id"])
+                if self.prober and kind == "req":
+                    self.prober.completed(a, route, body)
                 break
             wait = 0.2
             if r is not None and r.headers.get("Retry-After", "").isdigit():
@@ -328,12 +353,19 @@ class Run:
                                "why": "could not restart: %s" % e})
 
     def chaos_loop(self, end):
+        """Every 1.5-3.5 s a crash; with stalls, a crash and a stall take
+        turns, 0.3-1.2 s apart (a stall lasts past the lease: about 7 of
+        each in 50 s)."""
         rng = random.Random(self.seed + 7)
         turn = 0
         while time.time() < end:
-            time.sleep(rng.uniform(1.5, 3.5))
+            time.sleep(rng.uniform(0.3, 1.2) if self.stalls else rng.uniform(1.5, 3.5))
             if time.time() >= end:
                 break
+            if self.stalls and turn % 2 == 1:
+                turn += 1
+                self.stalls.run(self.stalls.next_kind(), self.proxies, self.event)
+                continue
             kind = rng.choices(["kill", "term", "pg_restart", "hup"], [30, 20, 25, 25])[0]
             p = self.proxies[turn % 2]
             other = self.proxies[(turn + 1) % 2]
@@ -342,17 +374,18 @@ class Run:
                 kind = "hup"   # never both proxies down
             if kind == "kill":
                 p.managed = True
-                self.event("kill", p.name)
+                e = self.event("kill", p.name)
                 p.proc.kill()
                 rc = p.proc.wait(10)
                 self.exits.append({"inst": p.name, "rc": rc, "expected": True,
                                    "signal": "KILL", "t": time.time(), "why": describe_rc(rc)})
                 time.sleep(rng.uniform(0.2, 1.0))
                 self.restart(p)
+                e["t_end"] = time.time()
                 p.managed = False
             elif kind == "term":
                 p.managed = True
-                self.event("term", p.name)
+                e = self.event("term", p.name)
                 p.proc.send_signal(signal.SIGTERM)
                 try:
                     rc = p.proc.wait(15)
@@ -364,6 +397,7 @@ class Run:
                                    "signal": "TERM", "t": time.time(),
                                    "why": rc if rc == "hung" else describe_rc(rc)})
                 self.restart(p)
+                e["t_end"] = time.time()
                 p.managed = False
             elif kind == "pg_restart":
                 e = self.event("pg_restart")
@@ -377,7 +411,7 @@ class Run:
                     e["error"] = str(x)
                 e["t_end"] = time.time()
             else:
-                ttl = "5s" if p.settings["replay_cache_ttl"] == "10s" else "10s"
+                ttl = "20s" if p.settings["replay_cache_ttl"] == "30s" else "30s"
                 p.settings["replay_cache_ttl"] = ttl
                 p.write_conf()
                 self.event("hup", p.name)
@@ -415,8 +449,14 @@ class Run:
                    for n in range(CLIENTS)]
         for c in clients:
             c.start()
+        if self.stalls:
+            self.prober = stalls_mod.ReplayProber(self, PAY)
+            self.prober.start()
         self.chaos_loop(end)
         self.stop_new.set()
+        if self.prober:
+            self.prober.done.set()
+            self.prober.join(CLIENT_TIMEOUT_S + 1)
         for c in clients:
             c.join(max(1.0, self.hard_stop + 5 - time.time()))
         self.rss_end = {p.name: rss_kb(p.proc.pid) for p in self.proxies if p.alive()}
@@ -448,6 +488,9 @@ class Run:
         self.violations = checker.check_run(self.mode, self.ups, self.attempts, self.flows,
                                             self.keys, self.logs, self.chaos, self.exits,
                                             self.port_inst, ttl, LEASE_S)
+        if self.stalls:
+            self.violations += checker.check_stalls(
+                self.chaos, self.prober.samples, REPLAY_BOUND_S, LOOP_STALL_MAX_S)
         return self.violations
 
     def record_states(self):
@@ -493,6 +536,8 @@ class Run:
         pgr = [e["t_end"] - e["t"] for e in self.chaos if e["kind"] == "pg_restart"]
         if pgr:
             out.append("  PostgreSQL crash-restarts took %.1f-%.1f s" % (min(pgr), max(pgr)))
+        if self.stalls:
+            out += self.stall_figures()
         if self.citus:
             out.append("  Citus: tenants %s; crash-restarts by node: %s" % (
                 ", ".join("%s on %s" % kv for kv in sorted(self.tenant_node.items())),
@@ -501,6 +546,43 @@ class Run:
                 or "none"))
         out.append("  RSS (kB): " + ", ".join("%s max %s, at end %s" % (
             p.name, self.rss_max.get(p.name), self.rss_end.get(p.name)) for p in self.proxies))
+        return out
+
+
+    def stall_figures(self):
+        out = []
+        st = [e for e in self.chaos if e["kind"] == "stall"]
+        kinds = Counter("%s%s%s" % (e["stall"], " " + e["stmt"] if e.get("stmt") else "",
+                                    " then " + e["then"] if e.get("then") else "")
+                        for e in st if e.get("started", True))
+        out.append("  stalls injected: %d (%s)" % (sum(kinds.values()), ", ".join(
+            "%s %d" % kv for kv in sorted(kinds.items())) or "none"))
+        missed = [e for e in st if e.get("started") is False]
+        if missed:
+            out.append("  holds that found no such statement within 3 s: %d" % len(missed))
+        keyed = checker.by_key(self.ups)
+        per_key = Counter(len(rs) for rs in keyed.values())
+        out.append("  executions per key: " + ", ".join(
+            "%d: %d keys" % kv for kv in sorted(per_key.items())))
+        # The proxies' own word that an attempt acted on a lease another
+        # attempt had taken over: the upstream cannot tell that from a
+        # repeat after a lost record, so it is counted, not checked.
+        fenced = {checker._rid_of(ln.get("detail")) for ln in self.logs
+                  if (ln.get("msg") or "").startswith("attempt lost its lease")}
+        by_rid = {r.get("rid"): r for r in self.ups}
+        again = {by_rid[rid]["key"] for rid in fenced if rid in by_rid
+                 and len(keyed[by_rid[rid]["key"]]) > 1}
+        out.append("  attempts that sent and then found their lease taken over: %d "
+                   "(keys executed again: %d)" % (len(fenced), len(again)))
+        for name, picked in (("during store/log stalls", True), ("otherwise", False)):
+            lat = checker.replay_latencies(self.chaos, self.prober.samples, picked)
+            out.append("  replay from the cache %s: %s" % (name, checker.latency_line(lat)))
+        for e in st:
+            if e["stall"] == "freeze":
+                out.append("  freeze of %s's serving thread %.1f s: /readyz %s" % (
+                    e["inst"], e.get("thawed_at", e["t_end"]) - e.get("frozen_at", e["t"]),
+                    ", ".join("%+.1fs %s" % (q["t"] - e.get("frozen_at", e["t"]), q["status"])
+                              for q in e["polls"][::2]) or e.get("error")))
         return out
 
 
@@ -529,7 +611,15 @@ def main():
     ap.add_argument("--fuzz-seconds", type=float, default=30)
     ap.add_argument("--citus", action="store_true",
                     help="on a Citus coordinator with two workers")
+    ap.add_argument("--no-stalls", action="store_true",
+                    help="crashes only: no relay, resolver shim, log or loop stalls")
+    ap.add_argument("--stall-kinds", default=",".join(stalls_mod.KINDS),
+                    help="the stalls to draw from (default: all)")
     a = ap.parse_args()
+    kinds = [] if a.no_stalls else [k for k in a.stall_kinds.split(",") if k]
+    if set(kinds) - set(stalls_mod.KINDS):
+        print("unknown stall kinds: %s" % ", ".join(sorted(set(kinds) - set(stalls_mod.KINDS))))
+        return 2
 
     def on_term(*_):
         raise KeyboardInterrupt
@@ -546,7 +636,7 @@ def main():
         pg = (procs.CitusPg if a.citus else Pg)(make_tmp("idemproxy-chaos-pg-"))
         pg.start()
         for mode in [m for m in a.modes.split(",") if m]:
-            run = Run(mode, pg, a.seconds, a.seed)
+            run = Run(mode, pg, a.seconds, a.seed, stalls=kinds)
             v = run.run()
             lines = run.figures() + report("mode %s" % mode, v)
             print("\n".join(lines), flush=True)

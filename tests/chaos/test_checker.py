@@ -120,6 +120,94 @@ def test_repeat_after_expiry_on_a_short_ttl_route():
                                      first_try={"a": -1.5}) == []
 
 
+def test_takeover_only_after_the_lease():
+    # r1's client sent at t=10, so its lease ran until 13 at least
+    sent = [att("a", rid="r1", t0=10.0), att("a", rid="r2", t0=12.0)]
+    late = [up(1, "a", 10.1, 11.2, rid="r1", answered=False),
+            up(2, "a", 13.4, 13.5, rid="r2", effect=False)]
+    assert c.check_takeover_after_lease(late, sent, [], 3.0) == []
+    early = [up(1, "a", 10.1, 11.2, rid="r1", answered=False),
+             up(2, "a", 12.1, 12.2, rid="r2", effect=False)]
+    v = c.check_takeover_after_lease(early, sent, [req_line("r1", "outcome_unknown", 504)],
+                                     3.0)
+    assert names(v) == ["takeover_after_lease"] and "inside its 3.0 s lease" in v[0][1]
+    # a 503 released the key at once: the retry may go right after it
+    assert c.check_takeover_after_lease(early, sent, [req_line("r1", "forwarded", 503)],
+                                        3.0) == []
+    keys = {"a": {"route": "/v1/payments", "body": b"B", "probes": []}}
+    rel = names(c.check_run("release", early, sent, [], keys,
+                            [req_line("r1", "outcome_unknown", 504)], [], [], PORTS,
+                            lease_s=3.0))
+    assert rel == ["takeover_after_lease"]   # the upstream deduplicated it
+
+
+def test_a_store_stall_past_the_lease_excuses_a_lost_record():
+    lost = [{"key": "a", "kind": "replay", "final": False, "cause": "held"}]
+    fail = [{"msg": "could not record the outcome", "time": "2026-12-01T09:26:05.100Z",
+             "detail": "request_id=r1 route=x key=a server closed"}]
+    at = c.log_time(fail[0])
+    every = {"kind": "stall", "stall": "hold_all", "store": True, "t": at - 1,
+             "t_end": at + 2.5}
+    assert c.check_known_outcome_kept(lost, fail, [every], 3) == []
+    # one held statement leaves the other connections: the record can go there
+    one = dict(every, stall="hold_answer", store=False)
+    assert names(c.check_known_outcome_kept(lost, fail, [one], 3)) == ["known_outcome_kept"]
+
+
+def replay(t0, t1, inst="p1", warm=True, error=None, key="k"):
+    return dict(att(key, rid="x%s" % t0, t0=t0, t1=t1, inst=inst, kind="replay",
+                    replayed="true", error=error), warm=warm)
+
+
+def stall(kind, t, t_end, inst=None, **kw):
+    return dict({"kind": "stall", "stall": kind, "inst": inst, "t": t, "t_end": t_end}, **kw)
+
+
+def test_replays_answer_during_stalls():
+    chaos = [stall("hold_all", 10, 14, store=True), stall("log", 20, 25, "p2"),
+             stall("hold_answer", 30, 34, started=False), stall("freeze", 40, 45, "p1"),
+             {"kind": "kill", "inst": "p1", "t": 50, "t_end": 51},
+             {"kind": "pg_restart", "t": 60, "t_end": 62}]
+    fast = [replay(11, 11.002), replay(21, 21.001, "p2"), replay(61, 61.01)]
+    assert c.check_replays_answer(chaos, fast, 1.0) == []
+    for slow in (replay(12, 13.7), replay(22, 24.5, "p2"), replay(61, 63),
+                 replay(12, 18, error="ReadTimeout")):
+        v = c.check_replays_answer(chaos, [slow], 1.0)
+        assert names(v) == ["replay_during_stall"], slow
+    # outside the stalls, in a hold that never started, on a proxy frozen
+    # or killed meanwhile, or while warming (maybe not in the cache yet):
+    # not bounded here
+    for free in (replay(5, 7), replay(31, 33), replay(41, 44), replay(50.2, 52),
+                 replay(12, 13.7, warm=False)):
+        assert c.check_replays_answer(chaos, [free], 1.0) == []
+    assert [x for _, x in c.replay_latencies(chaos, [replay(5, 5.5)], False)] == [0.5]
+    assert "p99" in c.latency_line(c.replay_latencies(chaos, fast, True))
+
+
+def frozen(statuses, length=4.5):
+    e = stall("freeze", 100, 100 + length, "p1", frozen_at=100.0, thawed_at=100 + length)
+    e["polls"] = [{"t": 100 + 0.25 * i, "status": st} for i, st in enumerate(statuses)]
+    return e
+
+
+def test_readyz_sees_a_frozen_loop():
+    ready_then_not = [200] * 10 + [503] * 8
+    assert c.check_readyz_frozen([frozen(ready_then_not)], 2.0) == []
+    timeouts = [200] * 12 + ["ReadTimeout"] * 6
+    assert c.check_readyz_frozen([frozen(timeouts)], 2.0) == []
+    v = c.check_readyz_frozen([frozen([200] * 18)], 2.0)
+    assert names(v) == ["readyz_sees_frozen_loop"]
+    assert names(c.check_readyz_frozen([frozen([])], 2.0)) == ["readyz_sees_frozen_loop"]
+    # not 200 only before loop_stall_max had passed: not seen as frozen
+    assert names(c.check_readyz_frozen([frozen([503] * 4 + [200] * 14)], 2.0)) == \
+        ["readyz_sees_frozen_loop"]
+    failed = dict(frozen([]), error="ptrace: Operation not permitted")
+    assert names(c.check_readyz_frozen([failed], 2.0)) == ["stall_injected"]
+    both = c.check_stalls([frozen([200] * 18), stall("hold_all", 10, 14, store=True)],
+                          [replay(11, 13)], 1.0, 2.0)
+    assert names(both) == ["readyz_sees_frozen_loop", "replay_during_stall"]
+
+
 # --- both modes ----------------------------------------------------------------
 
 def test_answers_carry_the_keys_result():
