@@ -342,10 +342,7 @@ def test_claim_answer_held_past_its_lease_is_never_a_second_execution(
     relay = PgRelay(pg.cluster.port)
     try:
         # Three workers: the busy claim, the first attempt and the retry.
-        # The busy claim waits as long as the lease: a statement_timeout
-        # that outlasts it.
-        top = {"workers": 3, "database": {"url": relay.url(pg.name), "batch": batch,
-                                          "statement_timeout": "10s"}}
+        top = {"workers": 3, "database": {"url": relay.url(pg.name), "batch": batch}}
         if batch > 1:
             top["worker_model"] = "fibers"  # the batch lanes are the fibers'
         proxy = make_proxy(routes=pay_route(stub.url, lease="2s", upstream_timeout="1s"),
@@ -360,6 +357,7 @@ def test_claim_answer_held_past_its_lease_is_never_a_second_execution(
         t1 = threading.Thread(target=lambda: first.append(pay(proxy, key)))
         t1.start()
         wait_until(lambda: relay.held == 1, what="the claim's answer held")
+        busy.release()  # (its claim may wait no longer: its lease would end)
         wait_until(lambda: lease_ended(pg, key), what="the lease to end")
         relay.release()
         wait_until(lambda: first or stub.count(key=key) >= 1,
@@ -371,7 +369,6 @@ def test_claim_answer_held_past_its_lease_is_never_a_second_execution(
         stub.release("late")
         t1.join(TIMEOUT)
         t2.join(TIMEOUT)
-        busy.release()
         assert relay.cuts == 1
         assert first and second
         assert stub.count(key=key) == 1, "two executions of one key: %r, %r" % (
@@ -381,6 +378,57 @@ def test_claim_answer_held_past_its_lease_is_never_a_second_execution(
         assert stub.count(key=key) == 1
     finally:
         relay.stop()
+
+
+# --- A6: an attempt sends only with enough lease left for the whole call ------
+
+@pytest.mark.no_replay_cache
+def test_claim_answered_with_too_little_lease_left_is_released_unsent(make_proxy, stub, pg):
+    """lease 3 s, upstream_timeout 1 s, so a margin of 300 ms: the claim's
+    answer is held 2.5 s, which leaves less than 1.3 s of the lease. Before
+    the fix the request went upstream anyway, with a call that could end
+    after the lease (when a retry may take the key over)."""
+    relay = PgRelay(pg.cluster.port)
+    try:
+        proxy = make_proxy(routes=pay_route(stub.url, lease="3s", upstream_timeout="1s"),
+                           top={"workers": 2, "database": {"url": relay.url(pg.name),
+                                                           "batch": 1}})
+        assert pay(proxy, new_key("warm")).status_code == 201
+        key = new_key("late-answer")
+        relay.hold("claim" if CITUS else "claim_new", seconds=2.5)
+        r = pay(proxy, key)
+        assert relay.held == 1 and relay.cuts == 0
+        assert stub.count(key=key) == 0, "sent upstream with too little of its lease left"
+        assert_problem(r, 503, "idempotency_lease_expired")
+        assert int(r.headers["Retry-After"]) >= 1
+        rec = pg.record(key)
+        assert rec["state"] == "released" and rec["attempt"] == 1, rec
+        assert scrape(proxy).value("idemproxy_events_total", event="lease_expired") == 1
+        again = pay(proxy, key)
+        assert again.status_code == 201 and not is_replay(again), again.content
+        assert stub.count(key=key) == 1
+        assert pg.record(key)["attempt"] == 2
+        assert is_replay(pay(proxy, key)) and stub.count(key=key) == 1
+    finally:
+        relay.stop()
+
+
+@pytest.mark.parametrize("lease,timeout,margin", [
+    ("10s", "9500ms", "1s"),     # a tenth of the lease
+    ("1s", "950ms", "100ms"),    # at least 100 ms
+    ("1m", "59s", "2s"),         # at most 2 s
+])
+def test_check_refuses_a_lease_without_room_for_the_call_and_its_margin(
+        make_proxy, lease, timeout, margin):
+    p = make_proxy(migrate=False, start=False,
+                   routes=pay_route("http://127.0.0.1:9", lease=lease,
+                                    upstream_timeout=timeout),
+                   top={"database": {"url": "postgresql://nobody@127.0.0.1:1/nothing"}})
+    r = run_binary(["-c", p.conf_path, "--check"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert ("lease (%s) must be longer than upstream_timeout (%s) plus the lease "
+            "margin (%s" % (lease, timeout, margin)) in out, out
 
 
 # --- D26: an SQL error is not an outage -----------------------------------------
