@@ -151,6 +151,13 @@ const route_cfg *config_match_route(const config *c, const char *path,
 bool route_has_method(const route_cfg *r, const char *method);
 bool route_releases_status(const route_cfg *r, int status);
 
+/* The part of an attempt's lease kept free after its upstream call: a
+ * tenth of the lease, at least 100 ms, at most 2 s. An attempt sends only
+ * with upstream_timeout plus this much of its lease left. */
+#define ROUTE_LEASE_MARGIN_MIN_MS 100
+#define ROUTE_LEASE_MARGIN_MAX_MS 2000
+int64_t route_lease_margin_ms(const route_cfg *r);
+
 /* The human-readable summary printed by --check: one line per route. */
 void config_print_routes(const config *c, FILE *out);
 

@@ -31,6 +31,9 @@ typedef struct upstream_req {
 	const char *body;
 	size_t body_len;
 	int64_t timeout_ms;
+	/* When > 0: the call ends by then whatever timeout_ms says (ms on
+	 * ip_now_ms's clock), fresh connection after a stale one included. */
+	double deadline_ms;
 	int64_t max_response;    /* a larger body is not held: too_large */
 } upstream_req;
 

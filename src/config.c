@@ -1388,16 +1388,23 @@ static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
 			   const config_setting_t *g,
 			   const config_setting_t *defaults)
 {
-	char a[32], b[32];
-	if (r->lease_ms <= r->upstream_timeout_ms) {
+	char a[32], b[32], c[32];
+	/* An attempt sends only with this much of its lease left (proxy.c):
+	 * a lease that cannot hold it would refuse every request. */
+	int64_t margin = route_lease_margin_ms(r);
+	if (r->lease_ms <= r->upstream_timeout_ms + margin) {
 		cfg_fmt_ms(r->lease_ms, a, sizeof a);
 		cfg_fmt_ms(r->upstream_timeout_ms, b, sizeof b);
+		cfg_fmt_ms(margin, c, sizeof c);
 		return cfg_fail(x,
 				cfg_blame(g, defaults, "lease",
 					  "upstream_timeout"),
 				"route \"%s\": lease (%s) must be longer than "
-				"upstream_timeout (%s)",
-				r->name, a, b);
+				"upstream_timeout (%s) plus the lease margin "
+				"(%s: a tenth of the lease, at least 100ms, at "
+				"most 2s), since an attempt is sent only while "
+				"that much of its lease is left",
+				r->name, a, b, c);
 	}
 	if (r->n_fp_ignore && r->n_fp_only)
 		return cfg_fail(x,
@@ -1675,6 +1682,14 @@ bool route_has_method(const route_cfg *r, const char *method)
 		if (strcmp(r->methods.v[i], method) == 0)
 			return true;
 	return false;
+}
+
+int64_t route_lease_margin_ms(const route_cfg *r)
+{
+	int64_t m = r->lease_ms / 10;
+	if (m < ROUTE_LEASE_MARGIN_MIN_MS)
+		m = ROUTE_LEASE_MARGIN_MIN_MS;
+	return m > ROUTE_LEASE_MARGIN_MAX_MS ? ROUTE_LEASE_MARGIN_MAX_MS : m;
 }
 
 bool route_releases_status(const route_cfg *r, int status)

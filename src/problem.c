@@ -32,6 +32,8 @@ static const struct problem_def problems[] = {
 	{ "request_too_large", "Request too large" },
 	{ "upstream_unavailable", "Upstream unavailable" },
 	{ "idempotency_store_unavailable", "Idempotency store unavailable" },
+	{ "idempotency_lease_expired",
+	  "Idempotency-Key lease too short to send the request" },
 	{ "overloaded", "Proxy overloaded" },
 	{ "shutting_down", "Proxy shutting down" },
 	{ "request_timeout", "Request not received in time" },

@@ -225,8 +225,10 @@ static int64_t response_cap(const config *cfg)
 	return cap < cfg->max_response ? cfg->max_response : cap;
 }
 
+/* deadline_ms > 0: the call ends by then (an owned attempt's lease end,
+ * less the margin). */
 static void send_upstream(proxy_worker *w, job *j, const route_cfg *r,
-			  upstream_resp *resp)
+			  double deadline_ms, upstream_resp *resp)
 {
 	header_list hdrs = {0};
 	build_upstream_headers(j, &hdrs);
@@ -239,6 +241,7 @@ static void send_upstream(proxy_worker *w, job *j, const route_cfg *r,
 		.body = j->body.data,
 		.body_len = j->body.len,
 		.timeout_ms = r->upstream_timeout_ms,
+		.deadline_ms = deadline_ms,
 		.max_response = cap,
 	};
 	upstream_send(w->up, &req, resp);
@@ -276,7 +279,7 @@ static void response_too_large(job *j, const upstream_resp *resp)
 static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 {
 	upstream_resp resp;
-	send_upstream(w, j, r, &resp);
+	send_upstream(w, j, r, 0, &resp);
 	if (resp.outcome == UP_RESPONSE && resp.too_large)
 		response_too_large(j, &resp);
 	else if (resp.outcome == UP_RESPONSE)
@@ -632,13 +635,49 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	}
 }
 
+/* Too little of the attempt's lease is left for the whole upstream call:
+ * nothing is sent, the key is released (fenced by the attempt's token) so
+ * that a retry goes at once, and the client is told to retry. */
+static void lease_too_short(proxy_worker *w, job *j, const idem_plan *p,
+			    const claim_result *c, const record_key *k,
+			    double lease_end_ms, double left_ms)
+{
+	const route_cfg *r = p->route;
+	upstream_resp none = {0};
+	record(w, j, p, c, k, REC_RELEASE, &none, lease_end_ms);
+	metrics_event("lease_expired");
+	log_warn("too little of the attempt's lease left to send; released, "
+		 "nothing sent",
+		 "request_id=%s route=%s key=%s lease_left_ms=%.0f "
+		 "needed_ms=%lld",
+		 j->request_id, r->name, p->key, left_ms,
+		 (long long)(r->upstream_timeout_ms +
+			     route_lease_margin_ms(r)));
+	j->outcome = "lease_expired";
+	proxy_problem(j, 503, "idempotency_lease_expired",
+		      "the key was claimed too late to finish the upstream "
+		      "call within its lease; nothing was sent and the key "
+		      "was released: retry with the same key",
+		      idem_retry_after_s(r->retry_after_ms));
+}
+
 static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 			  const idem_plan *p, const claim_result *c,
 			  double lease_end_ms)
 {
 	record_key k = {p->tenant, r->name, p->key, c->owner, false};
+	/* Checked right before the send: whatever stalled since the claim
+	 * was sent (the store's answer, a worker's wait) is counted. The
+	 * call (connect included) must end a margin before the lease does,
+	 * when another attempt may take the key over. */
+	int64_t margin = route_lease_margin_ms(r);
+	double left = lease_end_ms - ip_now_ms();
+	if (left < (double)(r->upstream_timeout_ms + margin)) {
+		lease_too_short(w, j, p, c, &k, lease_end_ms, left);
+		return;
+	}
 	upstream_resp resp;
-	send_upstream(w, j, r, &resp);
+	send_upstream(w, j, r, lease_end_ms - (double)margin, &resp);
 	bool got = resp.outcome == UP_RESPONSE;
 	enum idem_record what =
 		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,

@@ -48,6 +48,7 @@ struct upstream {
 	ip_buf conn_tokens; /* the response's Connection header values */
 	upstream_resp *resp;
 	int64_t max_response;
+	double end_ms; /* the whole call ends by then (both rounds) */
 	/* The request's header list and URL, built in buffers the handle
 	 * keeps: no allocation per request once they are large enough. */
 	struct curl_slist *hdr_nodes;
@@ -546,13 +547,32 @@ static void drop_connections(upstream *u)
 	new_multi(u);
 }
 
+/* What is left of the call's time for a round; false when none is. The
+ * connect timeout is the usual one, or what is left if less. */
+static bool set_round_timeouts(upstream *u)
+{
+	double left = u->end_ms - ip_now_ms();
+	if (left < 1)
+		return false;
+	long total = (long)left;
+	long connect_ms = UPSTREAM_CONNECT_TIMEOUT_MS;
+	curl_easy_setopt(u->h, CURLOPT_TIMEOUT_MS, total);
+	curl_easy_setopt(u->h, CURLOPT_CONNECTTIMEOUT_MS,
+			 total < connect_ms ? total : connect_ms);
+	return true;
+}
+
 /* Sends the request; when libcurl picked a connection with unread input,
  * nothing was written: that connection is closed and the request goes once
- * more, on a fresh one. */
+ * more, on a fresh one, within what is left of the call's time. */
 static CURLcode perform_attempt(upstream *u, const upstream_req *req)
 {
 	CURLcode rc = CURLE_OK;
 	for (int round = 0; round < 2; round++) {
+		if (!set_round_timeouts(u)) {
+			rc = CURLE_OPERATION_TIMEDOUT;
+			break;
+		}
 		u->stale = u->framing_off = false;
 		header_list_free(&u->resp->headers);
 		ip_buf_reset(&u->resp->body);
@@ -591,17 +611,15 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	ip_buf_puts(url, req->base);
 	ip_buf_puts(url, req->target);
 	struct curl_slist *hdrs = build_headers(u, req);
-	long connect_ms = UPSTREAM_CONNECT_TIMEOUT_MS;
-	if (req->timeout_ms < connect_ms)
-		connect_ms = (long)req->timeout_ms;
 
 	curl_easy_setopt(h, CURLOPT_URL, url->data);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
-	curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)req->timeout_ms);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, connect_ms);
 	set_method(h, req);
 
 	double t0 = ip_now_ms();
+	u->end_ms = t0 + (double)req->timeout_ms;
+	if (req->deadline_ms > 0 && req->deadline_ms < u->end_ms)
+		u->end_ms = req->deadline_ms;
 	CURLcode rc = perform_attempt(u, req);
 	out->ms = ip_now_ms() - t0;
 

@@ -268,7 +268,7 @@ class Run:
         # another connection, as the answer says)
         if code in ("idempotency_store_unavailable", "overloaded",
                     "upstream_unavailable", "upstream_outcome_unknown",
-                    "shutting_down"):
+                    "shutting_down", "idempotency_lease_expired"):
             return False, {"idempotency_store_unavailable": "store_unavailable",
                            "upstream_outcome_unknown": "outcome_unknown"}.get(code, code)
         return True, code

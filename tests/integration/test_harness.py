@@ -167,3 +167,28 @@ def test_relay_holds_all_traffic_then_cuts_every_connection(pg):
             assert fresh.execute("SELECT 9").fetchone() == (9,)
     finally:
         relay.stop()
+
+
+def test_relay_delivers_a_held_statement_after_its_seconds_and_holds_every_shot(pg):
+    relay = PgRelay(pg.cluster.port)
+    try:
+        pg.execute("CREATE TABLE relay_t (n int)")
+        with relayed(relay, pg) as c:
+            c.execute("SELECT 1")
+            relay.hold("_pg3_1", seconds=0.3, phase="statement", shots=None)
+
+            def insert(n):
+                c.execute("INSERT INTO relay_t VALUES (%s) RETURNING n", (n,))
+            for n in (1, 2, 3):
+                t = threading.Thread(target=insert, args=(n,))
+                t.start()
+                wait_until(lambda: relay.held == n, what="hold %d in place" % n)
+                assert pg.query("SELECT count(*) AS n FROM relay_t")[0]["n"] == n - 1
+                t.join(TIMEOUT)
+                assert pg.query("SELECT count(*) AS n FROM relay_t")[0]["n"] == n
+            relay.clear()
+            c.execute("INSERT INTO relay_t VALUES (4)")
+            assert relay.held == 3 and relay.cuts == 0
+            assert pg.query("SELECT count(*) AS n FROM relay_t")[0]["n"] == 4
+    finally:
+        relay.stop()

@@ -7,6 +7,7 @@ unprotected, whatever `database.unavailable` says)."""
 import json
 import os
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -261,6 +262,173 @@ def test_record_repeated_after_its_answer_was_lost_is_recorded_once(
         assert m.value("idemproxy_events_total", event="record_deferred") == 0
     finally:
         relay.stop()
+
+
+# --- A5: a claim repeated with its own token never outlives its lease ----------
+
+SENDS = ("forward", "takeover")
+
+
+def claim_sql(pg, key, owner, lease_ms):
+    """idem_claim as the proxy calls it, for the default tenant's payment."""
+    return pg.query("SELECT o_decision AS d, o_attempt AS attempt, o_lease_ms AS lease_ms "
+                    "FROM idem_claim(%s, %s, %s, %s, %s, %s, %s, %s)",
+                    ("default", "create_payment", key, b"\x01" * 32, lease_ms, 60000,
+                     False, owner))[0]
+
+
+def lease_ended(pg, key):
+    rows = pg.query("SELECT lease_until <= now() AS dead FROM idempotency_records "
+                    "WHERE idem_key = %s", (key,))
+    return bool(rows) and rows[0]["dead"]
+
+
+def test_own_token_repeat_after_its_lease_ended_renews_it_or_loses_the_key(make_proxy, pg):
+    """Before migration 009 the repeat answered forward with a lease of 0
+    and wrote nothing; another attempt then took the key over, and both
+    believed they owned it."""
+    make_proxy(start=False)  # the schema
+    key = new_key("own-late")
+    mine, other = uuid.uuid4(), uuid.uuid4()
+    first = claim_sql(pg, key, mine, 200)
+    assert (first["d"], first["lease_ms"]) == ("forward", 200), first
+    wait_until(lambda: lease_ended(pg, key), what="the lease to end")
+    again = claim_sql(pg, key, mine, 30000)
+    then = claim_sql(pg, key, other, 30000)
+    assert not (again["d"] in SENDS and then["d"] in SENDS), \
+        "two owners of one key: %r then %r" % (again, then)
+    # Nobody else had the key: the repeat renewed its lease, under its token.
+    assert (again["d"], again["attempt"], again["lease_ms"]) == ("forward", 1, 30000), again
+    assert then["d"] == "in_flight", then
+    rec = pg.record(key)
+    assert rec["owner_token"] == mine and rec["attempt"] == 1, rec
+    assert not lease_ended(pg, key)
+
+
+def test_own_token_repeat_while_its_lease_lives_carries_on_with_what_is_left(make_proxy, pg):
+    make_proxy(start=False)
+    key = new_key("own-live")
+    mine = uuid.uuid4()
+    assert claim_sql(pg, key, mine, 30000)["d"] == "forward"
+    before = pg.record(key)
+    again = claim_sql(pg, key, mine, 30000)
+    assert again["d"] == "forward" and again["attempt"] == 1, again
+    assert 0 < again["lease_ms"] <= 30000, again
+    assert pg.record(key) == before, "a repeat within its lease wrote the record"
+
+
+def test_own_token_repeat_after_a_takeover_has_lost_the_key(make_proxy, pg):
+    make_proxy(start=False)
+    key = new_key("own-lost")
+    mine, other = uuid.uuid4(), uuid.uuid4()
+    assert claim_sql(pg, key, mine, 200)["d"] == "forward"
+    wait_until(lambda: lease_ended(pg, key), what="the lease to end")
+    taken = claim_sql(pg, key, other, 30000)
+    assert (taken["d"], taken["attempt"]) == ("takeover", 2), taken
+    again = claim_sql(pg, key, mine, 30000)
+    assert again["d"] == "in_flight", again
+    assert pg.record(key)["owner_token"] == other
+
+
+@pytest.mark.no_replay_cache
+@pytest.mark.parametrize("batch,claim,_record", ALONE_OR_BATCHED)
+def test_claim_answer_held_past_its_lease_is_never_a_second_execution(
+        make_proxy, stub, pg, batch, claim, _record):
+    """The claim commits, its answer is held until the lease has ended, then
+    the connection is cut: the proxy repeats the claim with its token on a
+    fresh connection while the client's retry arrives. Before the fix the
+    repeat was told "forward" with no lease left and went upstream, the
+    retry took the key over and went too: two executions of one key."""
+    relay = PgRelay(pg.cluster.port)
+    try:
+        # Three workers: the busy claim, the first attempt and the retry.
+        top = {"workers": 3, "database": {"url": relay.url(pg.name), "batch": batch}}
+        if batch > 1:
+            top["worker_model"] = "fibers"  # the batch lanes are the fibers'
+        proxy = make_proxy(routes=pay_route(stub.url, lease="2s", upstream_timeout="1s"),
+                           top=top)
+        assert pay(proxy, new_key("warm")).status_code == 201
+        key = new_key("late-claim")
+        busy = Busy(proxy, stub, pg, batch, claim=True)
+        # The first request of the key to reach the upstream waits there.
+        stub.configure({"prefix": PAY, "key": key, "gate": "late", "times": 1}, append=True)
+        relay.hold("claim" if CITUS else claim, then="cut")
+        first, second = [], []
+        t1 = threading.Thread(target=lambda: first.append(pay(proxy, key)))
+        t1.start()
+        wait_until(lambda: relay.held == 1, what="the claim's answer held")
+        busy.release()  # (its claim may wait no longer: its lease would end)
+        wait_until(lambda: lease_ended(pg, key), what="the lease to end")
+        relay.release()
+        wait_until(lambda: first or stub.count(key=key) >= 1,
+                   what="the first attempt sent upstream or answered")
+        t2 = threading.Thread(target=lambda: second.append(pay(proxy, key)))
+        t2.start()
+        wait_until(lambda: second or pg.record(key)["attempt"] >= 2,
+                   what="the retry's claim")
+        stub.release("late")
+        t1.join(TIMEOUT)
+        t2.join(TIMEOUT)
+        assert relay.cuts == 1
+        assert first and second
+        assert stub.count(key=key) == 1, "two executions of one key: %r, %r" % (
+            first[0].content, second[0].content)
+        again = pay(proxy, key)
+        assert again.status_code == 201 and is_replay(again), again.content
+        assert stub.count(key=key) == 1
+    finally:
+        relay.stop()
+
+
+# --- A6: an attempt sends only with enough lease left for the whole call ------
+
+@pytest.mark.no_replay_cache
+def test_claim_answered_with_too_little_lease_left_is_released_unsent(make_proxy, stub, pg):
+    """lease 3 s, upstream_timeout 1 s, so a margin of 300 ms: the claim's
+    answer is held 2.5 s, which leaves less than 1.3 s of the lease. Before
+    the fix the request went upstream anyway, with a call that could end
+    after the lease (when a retry may take the key over)."""
+    relay = PgRelay(pg.cluster.port)
+    try:
+        proxy = make_proxy(routes=pay_route(stub.url, lease="3s", upstream_timeout="1s"),
+                           top={"workers": 2, "database": {"url": relay.url(pg.name),
+                                                           "batch": 1}})
+        assert pay(proxy, new_key("warm")).status_code == 201
+        key = new_key("late-answer")
+        relay.hold("claim" if CITUS else "claim_new", seconds=2.5)
+        r = pay(proxy, key)
+        assert relay.held == 1 and relay.cuts == 0
+        assert stub.count(key=key) == 0, "sent upstream with too little of its lease left"
+        assert_problem(r, 503, "idempotency_lease_expired")
+        assert int(r.headers["Retry-After"]) >= 1
+        rec = pg.record(key)
+        assert rec["state"] == "released" and rec["attempt"] == 1, rec
+        assert scrape(proxy).value("idemproxy_events_total", event="lease_expired") == 1
+        again = pay(proxy, key)
+        assert again.status_code == 201 and not is_replay(again), again.content
+        assert stub.count(key=key) == 1
+        assert pg.record(key)["attempt"] == 2
+        assert is_replay(pay(proxy, key)) and stub.count(key=key) == 1
+    finally:
+        relay.stop()
+
+
+@pytest.mark.parametrize("lease,timeout,margin", [
+    ("10s", "9500ms", "1s"),     # a tenth of the lease
+    ("1s", "950ms", "100ms"),    # at least 100 ms
+    ("1m", "59s", "2s"),         # at most 2 s
+])
+def test_check_refuses_a_lease_without_room_for_the_call_and_its_margin(
+        make_proxy, lease, timeout, margin):
+    p = make_proxy(migrate=False, start=False,
+                   routes=pay_route("http://127.0.0.1:9", lease=lease,
+                                    upstream_timeout=timeout),
+                   top={"database": {"url": "postgresql://nobody@127.0.0.1:1/nothing"}})
+    r = run_binary(["-c", p.conf_path, "--check"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert ("lease (%s) must be longer than upstream_timeout (%s) plus the lease "
+            "margin (%s" % (lease, timeout, margin)) in out, out
 
 
 # --- D26: an SQL error is not an outage -----------------------------------------

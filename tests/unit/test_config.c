@@ -467,6 +467,36 @@ static void test_error_lease_not_above_upstream_timeout(void **state)
 		     3, "lease (30s) must be longer than upstream_timeout (30s)");
 }
 
+/* An attempt sends only with upstream_timeout plus the margin of its lease
+ * left: a tenth of the lease, at least 100 ms, at most 2 s. */
+static void test_error_lease_without_room_for_the_margin(void **state)
+{
+	(void)state;
+	assert_route_error("upstream_timeout = \"28s\";", 4,
+			   "route \"r\": lease (30s) must be longer than "
+			   "upstream_timeout (28s) plus the lease margin (2s");
+	assert_route_error("lease = \"10s\"; upstream_timeout = \"9s\";", 4,
+			   "upstream_timeout (9s) plus the lease margin (1s");
+	assert_route_error("lease = \"500ms\"; upstream_timeout = \"400ms\";",
+			   4,
+			   "upstream_timeout (400ms) plus the lease margin "
+			   "(100ms");
+}
+
+static void test_lease_margin(void **state)
+{
+	(void)state;
+	route_cfg r = {0};
+	static const int64_t cases[][2] = {
+		{500, 100},    {1000, 100},   {3000, 300},
+		{10000, 1000}, {20000, 2000}, {86400000, 2000},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		r.lease_ms = cases[i][0];
+		assert_int_equal(route_lease_margin_ms(&r), cases[i][1]);
+	}
+}
+
 static void test_error_ttl_not_above_lease(void **state)
 {
 	(void)state;
@@ -1060,6 +1090,8 @@ int main(void)
 		T(test_error_missing_route_settings),
 		T(test_error_no_routes),
 		T(test_error_lease_not_above_upstream_timeout),
+		T(test_error_lease_without_room_for_the_margin),
+		T(test_lease_margin),
 		T(test_error_ttl_not_above_lease),
 		T(test_error_upstream_url),
 		T(test_error_path_template),

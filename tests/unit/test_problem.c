@@ -135,6 +135,7 @@ static void test_titles(void **state)
 		"request_too_large",
 		"upstream_unavailable",
 		"idempotency_store_unavailable",
+		"idempotency_lease_expired",
 		"overloaded",
 		"upstream_outcome_unknown",
 		"admin_unauthorized",
