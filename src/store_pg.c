@@ -395,6 +395,11 @@ void store_set_statement_timeout(store *s, int64_t ms)
 	pg_link_set_statement_timeout(&s->link, ms);
 }
 
+void store_set_deadline(store *s, double deadline_ms)
+{
+	pg_link_cap(&s->link, deadline_ms);
+}
+
 static int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
 		   size_t errlen, const char *what)
 {
