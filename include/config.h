@@ -100,6 +100,7 @@ typedef struct config {
 	bool db_unavailable_forward; /* false = reject (503) */
 	bool db_citus; /* distributed = "citus": records distributed by tenant */
 	int db_batch;  /* most first attempts per statement (store_batch.h) */
+	int64_t db_batch_stall_ms; /* a batch out this long is stuck (floor) */
 
 	int64_t reaper_interval_ms;
 	int reaper_batch;

@@ -19,6 +19,9 @@ typedef struct pg_link {
 	int64_t timeout_set_ms;       /* in force on conn */
 	PGconn *conn;
 	bool down;         /* the last attempt to reach the database failed */
+	double cap_ms;     /* no wait goes past this (ip_now_ms); 0: none */
+	bool stalled;      /* the last wait hit its deadline: conn dropped */
+	char why[64];      /* what the stall said */
 } pg_link;
 
 void pg_link_init(pg_link *l, const char *url, const char *app,
@@ -37,17 +40,37 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err,
 		    size_t errlen) IP_WUR;
 
 /* After a failed call: PQstatus only changes after a failed read or write,
- * so drop a connection that broke. True if it was dropped. */
+ * so drop a connection that broke. True if it was dropped (also when the
+ * call's wait hit its deadline and dropped it). */
 bool pg_link_drop_if_broken(pg_link *l);
 
-/* After a PQsend* call (sent: whether it returned 1): its results, the
- * last one returned as PQexec would. On a fiber the answer is awaited
- * through the scheduler (fiber.h), on a plain thread as PQexec does.
- * NULL when nothing was sent. Connections made on a fiber are in
- * nonblocking mode. */
-PGresult *pg_link_result(PGconn *c, bool sent);
+/* How long any wait for the store's answer may last: statement_timeout
+ * + max(1 s, statement_timeout / 2) (statement_timeout 0, as on the LISTEN
+ * connection, counts as the default 2 s). The server's statement_timeout
+ * does not fire when the network path or the server stalls; this does. */
+int64_t pg_link_wait_ms(int64_t statement_timeout_ms);
+
+/* An absolute deadline (ip_now_ms's clock; 0: none) that every wait of
+ * the link's until the next call also keeps: a record bounded by its
+ * lease. */
+void pg_link_cap(pg_link *l, double deadline_ms);
+
+/* After a PQsend* call on l->conn (sent: whether it returned 1): its
+ * results, the last one returned as PQexec would. On a fiber the answer is
+ * awaited through the scheduler (fiber.h), on a plain thread in poll(),
+ * both until pg_link_wait_ms (and the cap): past it the connection is
+ * closed (l->conn NULL, l->stalled set, pg_link_error says so) and NULL is
+ * returned, as when nothing was sent. Every connection is nonblocking. */
+PGresult *pg_link_result(pg_link *l, bool sent);
 /* PQexec, the same way. */
-PGresult *pg_link_exec(PGconn *c, const char *sql);
+PGresult *pg_link_exec(pg_link *l, const char *sql);
+/* PQexecParams, the same way. */
+PGresult *pg_link_exec_params(pg_link *l, const char *sql, int n,
+			      const Oid *types, const char *const *vals,
+			      const int *lens, const int *fmts,
+			      int result_format);
+/* Why the last call failed: the stall, or libpq's message. */
+const char *pg_link_error(const pg_link *l);
 
 /* Server notices (NOTICE, WARNING) are not printed on stderr. */
 void pg_link_quiet(PGconn *c);

@@ -18,7 +18,15 @@
  * database refused (each then tries alone, so one bad element cannot fail
  * the others), and every call while the batch connection is down. Every
  * call returns what the same store_pg call on the worker's own connection
- * would. */
+ * would.
+ *
+ * No call waits long behind a stuck statement: a queued call has a
+ * deadline (a claim the store-wait deadline, pg_link_wait_ms; a record
+ * also half of the lease it has left), and once a lane's statement has
+ * been out longer than 8 times the lane's moving average round trip (at
+ * least database.batch_stall), the calls queued behind it and every new
+ * one leave the lane: claims go alone, records to the background
+ * retrier. */
 #ifndef IDEMPROXY_STORE_BATCH_H
 #define IDEMPROXY_STORE_BATCH_H
 
@@ -52,12 +60,17 @@ typedef struct store_batch_use {
 	store *own;
 	int max;
 	int64_t statement_timeout_ms;
+	int64_t stall_ms;    /* database.batch_stall */
+	double lease_end_ms; /* a record's: its attempt's lease end */
 } store_batch_use;
 
 /* store_claim(own, ...), the insert of a fresh key batched. */
 int store_batch_claim(const store_batch_use *u, const claim_req *req,
 		      claim_result *out, char *err, size_t errlen) IP_WUR;
-/* store_complete_req(own, ...), batched. */
+/* store_complete_req(own, ...), batched. A record that cannot be written
+ * in its lane by its deadline (the store-wait deadline, or half of the
+ * lease it had left when it queued, whichever comes first) fails without
+ * waiting any longer, for the background retrier (record_retry.h). */
 int store_batch_complete(const store_batch_use *u, const complete_req *q,
 			 bool *fenced, char *err, size_t errlen) IP_WUR;
 

@@ -21,6 +21,10 @@ void store_free(store *s);
 /* The statement_timeout from the next call on (a reload may change it); a
  * SET is sent only when it differs from the one in force. */
 void store_set_statement_timeout(store *s, int64_t ms);
+/* An absolute deadline (ip_now_ms's clock; 0: none) that every wait for
+ * the store's answer keeps, besides its own (pg_link_wait_ms), until it is
+ * set again. */
+void store_set_deadline(store *s, double deadline_ms);
 /* The records are distributed by Citus (database.distributed = "citus"):
  * the reaper's batches then run per shard, and a claim is the delegated
  * idem_claim call alone (no insert first). Before the first call. */

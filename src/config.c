@@ -1043,6 +1043,12 @@ static const cfg_opt cfg_database[] = {
 	 * each alone. The ceiling is what one statement carries. */
 	{.name = "batch", .conv = cfg_conv_int, .def = "64", .min = 1,
 	 .max = 256, .off = C_(db_batch), .reload = CFG_APPLY},
+	/* The least time a batch statement is out before calls stop waiting
+	 * behind it (store_batch.h: or 8 times the lane's average round
+	 * trip, if longer). */
+	{.name = "batch_stall", .conv = cfg_conv_duration, .def = "\"250ms\"",
+	 .min = 10, .max = CFG_MS_HOUR, .off = C_(db_batch_stall_ms),
+	 .reload = CFG_APPLY},
 };
 
 /* A reaper faster than 100ms would only keep the database busy. */

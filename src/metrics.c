@@ -441,7 +441,8 @@ static const char *const known_events[] = {
 	"record_failed", "record_fenced", "forwarded_unprotected",
 	"replay_cache_hit", "overloaded", "record_deferred", "record_retried",
 	"upstream_connection_desync", "record_unreadable", "request_timeout",
-	"store_batch_failed", "lease_expired"};
+	"store_batch_failed", "lease_expired", "store_wait_timeout",
+	"store_batch_late"};
 
 void metrics_render(ip_buf *out)
 {

@@ -31,11 +31,14 @@ static int listen_now(notify_listen *n, char *err, size_t errlen)
 {
 	if (pg_link_connect(&n->link, NULL, err, errlen))
 		return -1;
-	PGresult *r = PQexec(n->link.conn, "LISTEN " STORE_WAIT_CHANNEL);
+	PGresult *r = pg_link_exec(&n->link, "LISTEN " STORE_WAIT_CHANNEL);
 	int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
 	if (rc) {
-		pg_link_err(err, errlen, "listen", PQresultErrorMessage(r));
-		PQfinish(n->link.conn);
+		pg_link_err(err, errlen, "listen",
+			    r ? PQresultErrorMessage(r)
+			      : pg_link_error(&n->link));
+		if (n->link.conn)
+			PQfinish(n->link.conn);
 		n->link.conn = NULL;
 	}
 	PQclear(r);

@@ -1,11 +1,14 @@
 #include "pg_link.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fiber.h"
 #include "log.h"
+#include "metrics.h"
 
 void pg_link_init(pg_link *l, const char *url, const char *app,
 		  int64_t statement_timeout_ms)
@@ -59,35 +62,85 @@ void pg_link_set_statement_timeout(pg_link *l, int64_t ms)
 	l->statement_timeout_ms = ms;
 }
 
-/* --- waiting on a fiber ------------------------------------------------ */
+/* --- waiting, with a deadline ------------------------------------------ */
 
-PGresult *pg_link_result(PGconn *c, bool sent)
+int64_t pg_link_wait_ms(int64_t statement_timeout_ms)
 {
-	if (!fiber_current()) {
-		/* a plain thread: as PQexec does */
-		PGresult *last = NULL, *r;
-		while (sent && (r = PQgetResult(c))) {
-			PQclear(last);
-			last = r;
-		}
-		return last;
+	int64_t st = statement_timeout_ms > 0 ? statement_timeout_ms : 2000;
+	return st + (st / 2 > 1000 ? st / 2 : 1000);
+}
+
+void pg_link_cap(pg_link *l, double deadline_ms)
+{
+	l->cap_ms = deadline_ms;
+}
+
+const char *pg_link_error(const pg_link *l)
+{
+	if (l->stalled)
+		return l->why;
+	return l->conn ? PQerrorMessage(l->conn) : "no connection";
+}
+
+/* Until sock is ready for ev, or the deadline: on a fiber through the
+ * scheduler, on a plain thread in poll(). False at the deadline. */
+static bool wait_sock(int sock, int ev, double deadline)
+{
+	if (fiber_current())
+		return fiber_wait_fd(sock, ev, deadline) != 0;
+	struct pollfd p = {.fd = sock,
+			   .events = (short)((ev & FIBER_IN ? POLLIN : 0) |
+					     (ev & FIBER_OUT ? POLLOUT : 0))};
+	for (;;) {
+		double left = deadline - ip_now_ms();
+		if (left <= 0)
+			return false;
+		int n = poll(&p, 1, (int)left + 1);
+		/* an error: libpq's next read or write reports it */
+		if (n > 0 || (n < 0 && errno != EINTR))
+			return true;
 	}
+}
+
+/* The server's statement_timeout cannot fire when the path to it (or the
+ * server itself) stalls: past our own deadline the connection is dropped
+ * and the call fails as an outage. */
+static PGresult *stalled(pg_link *l, double t0, PGresult *partial)
+{
+	PQclear(partial);
+	snprintf(l->why, sizeof l->why, "no answer from the store within %.1fs",
+		 (ip_now_ms() - t0) / 1000.0);
+	metrics_event("store_wait_timeout");
+	mark_down(l, l->why);
+	PQfinish(l->conn);
+	l->conn = NULL;
+	l->stalled = true;
+	return NULL;
+}
+
+PGresult *pg_link_result(pg_link *l, bool sent)
+{
+	l->stalled = false;
 	if (!sent)
 		return NULL;
+	PGconn *c = l->conn;
+	double t0 = ip_now_ms();
+	double deadline = t0 + (double)pg_link_wait_ms(l->statement_timeout_ms);
+	if (l->cap_ms > 0 && l->cap_ms < deadline)
+		deadline = l->cap_ms;
 	int sock = PQsocket(c);
 	/* what the send left in libpq's buffer (nonblocking connections) */
-	for (;;) {
-		int f = PQflush(c);
-		if (f <= 0)
-			break;
-		int got = fiber_wait_fd(sock, FIBER_IN | FIBER_OUT, -1);
-		if ((got & FIBER_IN) && !PQconsumeInput(c))
+	while (PQflush(c) > 0) {
+		if (!wait_sock(sock, FIBER_IN | FIBER_OUT, deadline))
+			return stalled(l, t0, NULL);
+		if (!PQconsumeInput(c))
 			break;
 	}
 	PGresult *last = NULL;
 	for (;;) {
 		while (PQisBusy(c) && PQstatus(c) == CONNECTION_OK) {
-			fiber_wait_fd(sock, FIBER_IN, -1);
+			if (!wait_sock(sock, FIBER_IN, deadline))
+				return stalled(l, t0, last);
 			if (!PQconsumeInput(c))
 				break;
 		}
@@ -100,11 +153,19 @@ PGresult *pg_link_result(PGconn *c, bool sent)
 	return last;
 }
 
-PGresult *pg_link_exec(PGconn *c, const char *sql)
+PGresult *pg_link_exec(pg_link *l, const char *sql)
 {
-	if (!fiber_current())
-		return PQexec(c, sql);
-	return pg_link_result(c, PQsendQuery(c, sql) == 1);
+	return pg_link_result(l, PQsendQuery(l->conn, sql) == 1);
+}
+
+PGresult *pg_link_exec_params(pg_link *l, const char *sql, int n,
+			      const Oid *types, const char *const *vals,
+			      const int *lens, const int *fmts,
+			      int result_format)
+{
+	return pg_link_result(l, PQsendQueryParams(l->conn, sql, n, types,
+						   vals, lens, fmts,
+						   result_format) == 1);
 }
 
 /* PQconnectdbParams, waiting through the scheduler on a fiber. libpq
@@ -137,19 +198,15 @@ static PGconn *connect_params(const char *const *keys,
 		}
 		st = PQconnectPoll(c);
 	}
-	if (st == PGRES_POLLING_OK && PQsetnonblocking(c, 1)) {
-		PQfinish(c);
-		return NULL;
-	}
 	return c;
 }
 
-static int set_timeout(pg_link *l, PGconn *c, char *err, size_t errlen)
+static int set_timeout(pg_link *l, char *err, size_t errlen)
 {
 	char sql[64];
 	snprintf(sql, sizeof sql, "SET statement_timeout = %lld",
 		 (long long)l->statement_timeout_ms);
-	PGresult *r = pg_link_exec(c, sql);
+	PGresult *r = pg_link_exec(l, sql);
 	if (PQresultStatus(r) != PGRES_COMMAND_OK) {
 		pg_link_err(err, errlen, "set", PQresultErrorMessage(r));
 		PQclear(r);
@@ -167,7 +224,7 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 	if (l->conn) {
 		if (l->timeout_set_ms == l->statement_timeout_ms)
 			return 0;
-		if (set_timeout(l, l->conn, err, errlen) == 0)
+		if (set_timeout(l, err, errlen) == 0)
 			return 0;
 		pg_link_drop_if_broken(l);
 		return -1;
@@ -191,12 +248,19 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 		return -1;
 	}
 	pg_link_quiet(c);
-	if (set_timeout(l, c, err, errlen)) {
-		PQfinish(c);
+	/* Nonblocking on every thread: a send never waits past the
+	 * deadline either (pg_link_result flushes what it left). */
+	l->conn = c;
+	if (PQsetnonblocking(c, 1))
+		pg_link_err(err, errlen, "connect", PQerrorMessage(c));
+	if (PQstatus(c) != CONNECTION_OK || !PQisnonblocking(c) ||
+	    set_timeout(l, err, errlen)) {
+		if (l->conn)
+			PQfinish(l->conn);
+		l->conn = NULL;
 		mark_down(l, err);
 		return -1;
 	}
-	l->conn = c;
 	if (l->down)
 		log_info("store connection re-established", "who=%s", l->app);
 	l->down = false;
@@ -207,7 +271,9 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 
 bool pg_link_drop_if_broken(pg_link *l)
 {
-	if (!l->conn || PQstatus(l->conn) == CONNECTION_OK)
+	if (!l->conn)
+		return l->stalled;
+	if (PQstatus(l->conn) == CONNECTION_OK)
 		return false;
 	mark_down(l, PQerrorMessage(l->conn));
 	PQfinish(l->conn);

@@ -527,7 +527,8 @@ static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
 static store_batch_use batch_use(proxy_worker *w, const job *j)
 {
 	store_batch_use u = {w->batch, w->st, j->cfg->db_batch,
-			     j->cfg->statement_timeout_ms};
+			     j->cfg->statement_timeout_ms,
+			     j->cfg->db_batch_stall_ms, 0};
 	return u;
 }
 
@@ -600,6 +601,7 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 				  sf.headers_len, sf.body,	     sf.body_len,
 				  replayable,	  sf.seal_key};
 		store_batch_use u = batch_use(w, j);
+		u.lease_end_ms = lease_end_ms;
 		rc = store_batch_complete(&u, &q, &fenced, err, sizeof err);
 	}
 	double ms = ip_now_ms() - t0;

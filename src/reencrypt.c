@@ -50,12 +50,25 @@ typedef struct re_ctx {
 	bool started;
 } re_ctx;
 
+/* The statement's error, or why there was no answer. */
+static const char *re_error(re_ctx *x, const PGresult *r)
+{
+	return r ? PQresultErrorMessage(r) : pg_link_error(&x->link);
+}
+
+/* After a failed statement inside the batch's transaction. */
+static void re_rollback(re_ctx *x)
+{
+	if (x->link.conn)
+		PQclear(pg_link_exec(&x->link, "ROLLBACK"));
+}
+
 static int re_simple(re_ctx *x, const char *sql)
 {
-	PGresult *r = PQexec(x->link.conn, sql);
+	PGresult *r = pg_link_exec(&x->link, sql);
 	int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
 	if (rc)
-		pg_link_err(x->err, x->errlen, sql, PQresultErrorMessage(r));
+		pg_link_err(x->err, x->errlen, sql, re_error(x, r));
 	PQclear(r);
 	return rc;
 }
@@ -128,12 +141,12 @@ static int re_row(re_ctx *x, PGresult *r, int i)
 			       seal_keyring_active(x->keys)};
 	int lens[6] = {0, 0, 0, (int)x->sealed_h.len, (int)x->sealed_b.len, 0};
 	int fmts[6] = {0, 0, 0, 1, 1, 0};
-	PGresult *u = PQexecParams(x->link.conn, update_sql, 6, NULL, vals,
-				   lens, fmts, 0);
+	PGresult *u = pg_link_exec_params(&x->link, update_sql, 6, NULL, vals,
+					  lens, fmts, 0);
 	int rc = PQresultStatus(u) == PGRES_COMMAND_OK ? 0 : -1;
 	if (rc)
 		pg_link_err(x->err, x->errlen, "reencrypt update",
-			    PQresultErrorMessage(u));
+			    re_error(x, u));
 	else
 		x->resealed++;
 	PQclear(u);
@@ -151,22 +164,22 @@ static int re_batch(re_ctx *x, int batch, int *rows)
 	const char *vals[5] = {seal_keyring_active(x->keys), lim,
 			       x->cursor[0], x->cursor[1], x->cursor[2]};
 	Oid types[5] = {OID_TEXT, OID_INT4, OID_TEXT, OID_TEXT, OID_TEXT};
-	PGresult *r = PQexecParams(x->link.conn,
-				   x->started ? next_sql : first_sql,
-				   x->started ? 5 : 2, types, vals, NULL, NULL,
-				   1);
+	PGresult *r = pg_link_exec_params(&x->link,
+					  x->started ? next_sql : first_sql,
+					  x->started ? 5 : 2, types, vals, NULL,
+					  NULL, 1);
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		pg_link_err(x->err, x->errlen, "reencrypt select",
-			    PQresultErrorMessage(r));
+			    re_error(x, r));
 		PQclear(r);
-		PQclear(PQexec(x->link.conn, "ROLLBACK"));
+		re_rollback(x);
 		return -1;
 	}
 	int n = PQntuples(r);
 	for (int i = 0; i < n; i++) {
 		if (re_row(x, r, i) < 0) {
 			PQclear(r);
-			PQclear(PQexec(x->link.conn, "ROLLBACK"));
+			re_rollback(x);
 			return -1;
 		}
 	}
@@ -186,11 +199,11 @@ static int re_batch(re_ctx *x, int batch, int *rows)
 static int re_report(re_ctx *x, long *left)
 {
 	const char *vals[1] = {seal_keyring_active(x->keys)};
-	PGresult *r = PQexecParams(x->link.conn, left_sql, 1, NULL, vals, NULL,
-				   NULL, 0);
+	PGresult *r = pg_link_exec_params(&x->link, left_sql, 1, NULL, vals,
+					  NULL, NULL, 0);
 	if (PQresultStatus(r) != PGRES_TUPLES_OK) {
 		pg_link_err(x->err, x->errlen, "reencrypt count",
-			    PQresultErrorMessage(r));
+			    re_error(x, r));
 		PQclear(r);
 		return -1;
 	}

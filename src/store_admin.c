@@ -47,13 +47,13 @@ static PGresult *query(store_admin *s, const char *what, const char *sql,
 		bool was_connected = s->link.conn != NULL;
 		if (pg_link_connect(&s->link, NULL, err, errlen))
 			return NULL;
-		PGresult *r = PQexecParams(s->link.conn, sql, n, NULL, vals,
-					   NULL, NULL, 0);
+		PGresult *r = pg_link_exec_params(&s->link, sql, n, NULL, vals,
+						  NULL, NULL, 0);
 		if (r && PQresultStatus(r) == want)
 			return r;
 		pg_link_err(err, errlen, what,
 			    r ? PQresultErrorMessage(r)
-			      : PQerrorMessage(s->link.conn));
+			      : pg_link_error(&s->link));
 		PQclear(r);
 		bool broken = pg_link_drop_if_broken(&s->link);
 		if (!may_repeat || !broken || !was_connected || round > 0)

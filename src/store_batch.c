@@ -1,12 +1,14 @@
 #include "store_batch.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fiber.h"
 #include "log.h"
 #include "metrics.h"
+#include "pg_link.h"
 
 /* A record carrying more than this goes alone: a batch copies its arrays
  * into the statement and the plan. And a batch stops taking records at
@@ -17,8 +19,17 @@
  * for this long (through the workers' own connections, which report the
  * outage as they always did) before a batch tries again. */
 #define DOWN_MS 1000.0
+/* A lane's statement out longer than STALL_FACTOR times the lane's moving
+ * average round trip, and at least database.batch_stall, is stuck: nothing
+ * more waits behind it. The floor keeps an ordinary slow commit (a
+ * checkpoint, a busy disk) from sending calls alone; the factor keeps a
+ * lane whose batches are large and slow from counting as stuck. */
+#define STALL_FACTOR 8.0
+/* While calls are queued, the lane's watcher looks at least this often. */
+#define WATCH_TICK_MS 50.0
 
-enum item_end { ITEM_WAITING, ITEM_DONE, ITEM_ALONE };
+/* ITEM_LATE: past its deadline, or behind a stuck statement. */
+enum item_end { ITEM_WAITING, ITEM_DONE, ITEM_ALONE, ITEM_LATE };
 enum { LANE_CLAIM, LANE_RECORD, N_LANES };
 
 /* One call waiting in a lane, on its fiber's stack. */
@@ -30,6 +41,7 @@ typedef struct item {
 	const complete_req *rec; /* LANE_RECORD */
 	int max;
 	int64_t timeout_ms;
+	double deadline; /* leaves the queue then (ip_now_ms) */
 	size_t bytes;
 	bool hit;    /* inserted, or written */
 	bool marked; /* written, and a waiter had marked it */
@@ -44,10 +56,16 @@ typedef struct lane {
 	int kind;
 	store *st;
 	fiber *f;
+	fiber *watch;  /* ends queued calls' waits (lane_watch) */
 	bool running;  /* calls may queue */
 	bool stopping; /* finish what waits, then end */
 	bool idle;     /* parked with nothing to do */
+	bool watch_idle; /* the watcher is parked: nothing queued */
+	bool watch_done;
 	bool sending;  /* a statement of the lane's is with the database */
+	double sent_at;    /* when it went out */
+	double avg_ms;     /* moving average round trip of the lane's */
+	double stall_ms;   /* database.batch_stall, as the last call saw it */
 	int alone;     /* calls of this kind on their own connections now */
 	item *head, *tail;
 	atomic_int queued; /* in the queue: read by /metrics */
@@ -101,15 +119,24 @@ static int item_cmp(const void *a, const void *b)
 		       y->rec->k->tenant, y->rec->k->operation, y->rec->k->key);
 }
 
-/* Takes what waits (up to the first one's max, and BATCH_MAX_BYTES), sends
- * it as one statement, and hands each call its answer. */
-static void lane_send(lane *l)
+/* A queued call, already out of the queue, goes on without the lane. */
+static void item_late(item *it)
+{
+	metrics_event("store_batch_late");
+	it->end = ITEM_LATE;
+	fiber_wake(it->f);
+}
+
+/* Takes what waits (up to the first one's max, and BATCH_MAX_BYTES) into
+ * l->cur; returns how many. A call already past its deadline (the watcher
+ * looks only every WATCH_TICK_MS) goes on without the lane. */
+static int lane_take(lane *l)
 {
 	int max = l->head->max < STORE_MANY_MAX ? l->head->max
 						: STORE_MANY_MAX;
-	int64_t timeout_ms = l->head->timeout_ms;
 	int n = 0;
 	size_t bytes = 0;
+	double now = ip_now_ms();
 	while (l->head && n < max &&
 	       (n == 0 || bytes + l->head->bytes <= BATCH_MAX_BYTES)) {
 		item *it = l->head;
@@ -117,27 +144,58 @@ static void lane_send(lane *l)
 		if (!l->head)
 			l->tail = NULL;
 		atomic_fetch_sub_explicit(&l->queued, 1, memory_order_relaxed);
+		if (now >= it->deadline) {
+			item_late(it);
+			continue;
+		}
 		l->cur[n++] = it;
 		bytes += it->bytes;
 	}
+	return n;
+}
+
+/* The statement for l->cur[0..n). A record's statement is given up by its
+ * earliest element's deadline, which leaves that record the rest of its
+ * lease for the background retrier. */
+static int lane_statement(lane *l, int n, bool *resent, char *err,
+			  size_t errlen)
+{
+	qsort(l->cur, (size_t)n, sizeof *l->cur, item_cmp);
+	double cap = 0;
+	for (int i = 0; i < n; i++) {
+		l->claims[i] = l->cur[i]->claim;
+		l->recs[i] = l->cur[i]->rec;
+		if (l->kind == LANE_RECORD && (cap == 0 || l->cur[i]->deadline < cap))
+			cap = l->cur[i]->deadline;
+	}
+	store_set_statement_timeout(l->st, l->cur[0]->timeout_ms);
+	store_set_deadline(l->st, cap);
+	l->sending = true;
+	l->sent_at = ip_now_ms();
+	int rc = l->kind == LANE_CLAIM
+			 ? store_claim_new_many(l->st, l->claims, n, l->hit,
+						err, errlen)
+			 : store_complete_many(l->st, l->recs, n, l->hit,
+					       l->marked, resent, err, errlen);
+	l->sending = false;
+	double took = ip_now_ms() - l->sent_at;
+	if (!rc)
+		l->avg_ms = l->avg_ms > 0 ? l->avg_ms + (took - l->avg_ms) / 8
+					  : took;
+	return rc;
+}
+
+/* Sends what waits as one statement, and hands each call its answer. */
+static void lane_send(lane *l)
+{
+	int n = lane_take(l);
+	if (n == 0)
+		return;
 	int rc = -1;
 	bool resent = false;
 	char err[256] = "the database was unreachable a moment ago";
 	if (ip_now_ms() >= l->down_until) {
-		qsort(l->cur, (size_t)n, sizeof *l->cur, item_cmp);
-		for (int i = 0; i < n; i++) {
-			l->claims[i] = l->cur[i]->claim;
-			l->recs[i] = l->cur[i]->rec;
-		}
-		store_set_statement_timeout(l->st, timeout_ms);
-		l->sending = true;
-		rc = l->kind == LANE_CLAIM
-			     ? store_claim_new_many(l->st, l->claims, n, l->hit,
-						    err, sizeof err)
-			     : store_complete_many(l->st, l->recs, n, l->hit,
-						   l->marked, &resent, err,
-						   sizeof err);
-		l->sending = false;
+		rc = lane_statement(l, n, &resent, err, sizeof err);
 		if (rc && store_outage(l->st))
 			l->down_until = ip_now_ms() + DOWN_MS;
 	}
@@ -164,6 +222,73 @@ static void lane_send(lane *l)
 		}
 		fiber_wake(it->f);
 	}
+}
+
+/* The lane's statement has been out well past a normal round trip. */
+static bool lane_stalled(const lane *l, double now)
+{
+	if (!l->sending)
+		return false;
+	double limit = STALL_FACTOR * l->avg_ms;
+	return now - l->sent_at > (limit > l->stall_ms ? limit : l->stall_ms);
+}
+
+/* Sends the queued calls that are past their deadline, or all of them
+ * behind a stuck statement, on their way (ITEM_LATE). Returns when to
+ * look again (-1: nothing queued). */
+static double lane_expire(lane *l)
+{
+	double now = ip_now_ms(), next = -1;
+	bool stalled = lane_stalled(l, now);
+	int late = 0;
+	item *prev = NULL;
+	for (item *it = l->head, *nx; it; it = nx) {
+		nx = it->next;
+		if (!stalled && now < it->deadline) {
+			if (next < 0 || it->deadline < next)
+				next = it->deadline;
+			prev = it;
+			continue;
+		}
+		if (prev)
+			prev->next = nx;
+		else
+			l->head = nx;
+		if (l->tail == it)
+			l->tail = prev;
+		atomic_fetch_sub_explicit(&l->queued, 1, memory_order_relaxed);
+		item_late(it);
+		late++;
+	}
+	if (late)
+		log_warn("calls left a store batch lane without waiting for "
+			 "its statement", "kind=%s n=%d statement_out_ms=%.0f",
+			 lane_names[l->kind], late,
+			 l->sending ? now - l->sent_at : 0.0);
+	if (l->head && (next < 0 || next > now + WATCH_TICK_MS))
+		next = now + WATCH_TICK_MS;
+	return next;
+}
+
+/* Ends queued calls' waits at their deadlines: the lane's own fiber is
+ * inside the statement they wait for. */
+static void lane_watch(void *arg)
+{
+	lane *l = arg;
+	l->watch = fiber_current();
+	for (;;) {
+		while (!l->head && !l->stopping) {
+			l->watch_idle = true;
+			fiber_park();
+		}
+		l->watch_idle = false;
+		if (!l->head)
+			break;
+		double next = lane_expire(l);
+		if (next >= 0)
+			(void)fiber_wait_fds(0, NULL, NULL, NULL, next);
+	}
+	l->watch_done = true;
 }
 
 static void lane_main(void *arg)
@@ -195,8 +320,10 @@ static void lane_main(void *arg)
 void store_batch_start(store_batch *b, fiber_sched *s)
 {
 	b->sched = s;
-	for (int i = 0; i < N_LANES; i++)
+	for (int i = 0; i < N_LANES; i++) {
 		fiber_spawn(s, lane_main, &b->lanes[i]);
+		fiber_spawn(s, lane_watch, &b->lanes[i]);
+	}
 }
 
 static void stop_lanes(void *arg)
@@ -209,6 +336,10 @@ static void stop_lanes(void *arg)
 		if (l->idle) {
 			l->idle = false;
 			fiber_wake(l->f);
+		}
+		if (l->watch_idle) {
+			l->watch_idle = false;
+			fiber_wake(l->watch);
 		}
 	}
 }
@@ -243,7 +374,9 @@ static lane *lane_for(const store_batch_use *u, int kind)
 	if (!u->b || u->max <= 1 || !fiber_current())
 		return NULL;
 	lane *l = &u->b->lanes[kind];
-	if (!l->running || ip_now_ms() < l->down_until)
+	double now = ip_now_ms();
+	l->stall_ms = (double)u->stall_ms;
+	if (!l->running || now < l->down_until || lane_stalled(l, now))
 		return NULL;
 	return l;
 }
@@ -273,6 +406,10 @@ static void lane_wait(lane *l, item *it)
 		l->idle = false;
 		fiber_wake(l->f);
 	}
+	if (l->watch_idle) {
+		l->watch_idle = false;
+		fiber_wake(l->watch);
+	}
 	while (it->end == ITEM_WAITING)
 		fiber_park();
 }
@@ -291,9 +428,11 @@ int store_batch_claim(const store_batch_use *u, const claim_req *req,
 	}
 	item it = {.claim = req,
 		   .max = u->max,
-		   .timeout_ms = u->statement_timeout_ms};
+		   .timeout_ms = u->statement_timeout_ms,
+		   .deadline = ip_now_ms() +
+			       (double)pg_link_wait_ms(u->statement_timeout_ms)};
 	lane_wait(l, &it);
-	if (it.end == ITEM_ALONE)
+	if (it.end == ITEM_ALONE || it.end == ITEM_LATE)
 		return store_claim(u->own, req, out, err, errlen);
 	if (it.hit) {
 		store_claim_fresh(req, out);
@@ -302,6 +441,18 @@ int store_batch_claim(const store_batch_use *u, const claim_req *req,
 	/* The key exists: possibly this attempt's own, when the batch went
 	 * out twice, which idem_claim recognises by the owner token. */
 	return store_claim_existing(u->own, req, out, err, errlen);
+}
+
+/* A queued record's deadline: the store-wait deadline, or half of the
+ * lease it has left, whichever comes first; the other half is the
+ * background retrier's. */
+static double record_deadline(const store_batch_use *u)
+{
+	double now = ip_now_ms();
+	double d = now + (double)pg_link_wait_ms(u->statement_timeout_ms);
+	if (u->lease_end_ms > 0 && now + (u->lease_end_ms - now) / 2 < d)
+		d = now + (u->lease_end_ms - now) / 2;
+	return d;
 }
 
 int store_batch_complete(const store_batch_use *u, const complete_req *q,
@@ -320,8 +471,17 @@ int store_batch_complete(const store_batch_use *u, const complete_req *q,
 	item it = {.rec = q,
 		   .max = u->max,
 		   .timeout_ms = u->statement_timeout_ms,
+		   .deadline = record_deadline(u),
 		   .bytes = bytes};
+	double t0 = ip_now_ms();
 	lane_wait(l, &it);
+	if (it.end == ITEM_LATE ||
+	    (it.end == ITEM_ALONE && ip_now_ms() >= it.deadline)) {
+		snprintf(err, errlen,
+			 "record: no answer from the store's batch within "
+			 "%.1fs", (ip_now_ms() - t0) / 1000.0);
+		return -1;
+	}
 	if (it.end == ITEM_ALONE) {
 		/* The batch may have committed before its connection broke:
 		 * alone, it is a repeat (a write that finds its own record

@@ -395,14 +395,18 @@ void store_set_statement_timeout(store *s, int64_t ms)
 	pg_link_set_statement_timeout(&s->link, ms);
 }
 
+void store_set_deadline(store *s, double deadline_ms)
+{
+	pg_link_cap(&s->link, deadline_ms);
+}
+
 static int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
 		   size_t errlen, const char *what)
 {
 	if (res && PQresultStatus(res) == want)
 		return 0;
 	pg_link_err(err, errlen, what,
-		    res ? PQresultErrorMessage(res)
-			: PQerrorMessage(s->link.conn));
+		    res ? PQresultErrorMessage(res) : pg_link_error(&s->link));
 	s->outage = pg_link_drop_if_broken(&s->link);
 	return -1;
 }
@@ -474,7 +478,7 @@ int store_ensure(store *s, char *err, size_t errlen)
 		if ((i == ST_PER_SHARD || i == ST_SHARD_WALK) && !s->citus)
 			continue;
 		PGresult *r = pg_link_result(
-			s->link.conn,
+			&s->link,
 			PQsendPrepare(s->link.conn, stmts[i].name,
 				      stmts[i].sql, stmts[i].nparams,
 				      stmts[i].types) == 1);
@@ -489,7 +493,7 @@ int store_ensure(store *s, char *err, size_t errlen)
 		}
 	}
 	if (s->many) {
-		PGresult *r = pg_link_exec(s->link.conn, many_settings);
+		PGresult *r = pg_link_exec(&s->link, many_settings);
 		int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "set");
 		PQclear(r);
 		if (rc) {
@@ -523,36 +527,26 @@ static void put_i64(char out[8], int64_t v)
 	}
 }
 
-/* PQexecPrepared, but with busy polling (busy.h) the answer is awaited by
- * polling the socket, and only after the budget by sleeping in PQgetResult.
- * The result is PQexec's: the last one, NULL if the query was not sent. */
+/* PQexecPrepared, awaited within the store-wait deadline (pg_link.h). With
+ * busy polling (busy.h) on a plain thread the answer is first awaited by
+ * polling the socket, and only after the budget by sleeping in poll().
+ * The result is PQexec's: the last one, NULL if the query was not sent or
+ * its answer did not come in time. */
 static PGresult *run(store *s, int st, const char *const *vals,
 		     const int *lens, const int *fmts, int result_binary)
 {
 	PGconn *c = s->link.conn;
 	double deadline;
-	if (fiber_current())
-		return pg_link_result(
-			c, PQsendQueryPrepared(c, stmts[st].name,
-					       stmts[st].nparams, vals, lens,
-					       fmts, result_binary) == 1);
-	if (!busy_spin(&deadline))
-		return PQexecPrepared(c, stmts[st].name, stmts[st].nparams,
-				      vals, lens, fmts, result_binary);
-	if (!PQsendQueryPrepared(c, stmts[st].name, stmts[st].nparams, vals,
-				 lens, fmts, result_binary))
-		return NULL;
-	double t0 = ip_now_ms();
-	while (PQisBusy(c) && PQconsumeInput(c) && PQisBusy(c) &&
-	       ip_now_ms() < deadline)
-		busy_relax();
-	busy_account(t0, deadline);
-	PGresult *last = NULL, *r;
-	while ((r = PQgetResult(c))) {
-		PQclear(last);
-		last = r;
+	bool sent = PQsendQueryPrepared(c, stmts[st].name, stmts[st].nparams,
+					vals, lens, fmts, result_binary) == 1;
+	if (sent && !fiber_current() && busy_spin(&deadline)) {
+		double t0 = ip_now_ms();
+		while (PQisBusy(c) && PQconsumeInput(c) && PQisBusy(c) &&
+		       ip_now_ms() < deadline)
+			busy_relax();
+		busy_account(t0, deadline);
 	}
-	return last;
+	return pg_link_result(&s->link, sent);
 }
 
 static const struct {

@@ -23,6 +23,13 @@ pytestmark = pytest.mark.skipif(
 FIBERS = {"workers": 16, "worker_model": "fibers"}
 
 
+def fibers(pg, **database):
+    """FIBERS, with calls left to wait behind a held batch for as long as a
+    test holds it (database.batch_stall: normally they stop waiting once
+    it has been out 250 ms; test_store_waits.py covers that)."""
+    return dict(FIBERS, database=dict({"url": pg.url, "batch_stall": "1h"}, **database))
+
+
 def queued(proxy, kind):
     return scrape(proxy).value("idemproxy_store_batch_queued", kind=kind)
 
@@ -78,7 +85,7 @@ def claims_queued_behind_held_rows(proxy, pg, reqs, keys):
 
 def test_fresh_keys_that_arrive_together_are_claimed_in_one_statement(
         make_proxy, stub, pg):
-    proxy = make_proxy(top=FIBERS)
+    proxy = make_proxy(top=fibers(pg))
     reqs = Requests()
     keys = [new_key("together") for _ in range(6)]
     held, waited = claims_queued_behind_held_rows(proxy, pg, reqs, keys)
@@ -97,7 +104,7 @@ def test_fresh_keys_that_arrive_together_are_claimed_in_one_statement(
 
 
 def test_the_same_key_twice_in_one_batch_is_forwarded_once(make_proxy, stub, pg):
-    proxy = make_proxy(top=FIBERS)
+    proxy = make_proxy(top=fibers(pg))
     reqs = Requests()
     dup = new_key("dup")
     others = [new_key("other") for _ in range(3)]
@@ -133,7 +140,7 @@ def refuse_keys(pg, event, prefix):
 
 def test_a_claim_the_database_refuses_fails_only_its_own_request(
         make_proxy, stub, pg):
-    proxy = make_proxy(top=FIBERS)
+    proxy = make_proxy(top=fibers(pg))
     refuse_keys(pg, "INSERT", "refused-")
     reqs = Requests()
     bad = new_key("refused")
@@ -180,7 +187,7 @@ def records_queued_behind_held_rows(proxy, stub, pg, reqs, keys):
 
 def test_answers_that_arrive_together_are_recorded_in_one_statement(
         make_proxy, stub, pg):
-    proxy = make_proxy(top=FIBERS)
+    proxy = make_proxy(top=fibers(pg))
     reqs = Requests()
     keys = [new_key("together") for _ in range(6)]
     held, waited = records_queued_behind_held_rows(proxy, stub, pg, reqs, keys)
@@ -200,7 +207,7 @@ def test_answers_that_arrive_together_are_recorded_in_one_statement(
 
 
 def test_a_record_the_database_refuses_fails_only_its_own(make_proxy, stub, pg):
-    proxy = make_proxy(top=FIBERS)
+    proxy = make_proxy(top=fibers(pg))
     refuse_keys(pg, "UPDATE", "refused-")
     reqs = Requests()
     bad = new_key("refused")
@@ -258,7 +265,7 @@ def test_batched_records_find_their_rows_by_key_however_large_the_table_grew(
     left to choose (whole-table scans and the joins that need them priced
     out), whatever the table held when the plan was made: no batch reads
     the table through."""
-    proxy = make_proxy(top=FIBERS)
+    proxy = make_proxy(top=fibers(pg))
     fire(proxy, 200)
     stmts0 = batched(proxy, "record")[0]
     assert stmts0 >= 10, "too few batches to have cached a plan"
@@ -286,7 +293,7 @@ def test_batched_records_find_their_rows_by_key_however_large_the_table_grew(
 
 
 def test_with_batch_1_every_first_attempt_goes_alone(make_proxy, stub, pg):
-    proxy = make_proxy(top=dict(FIBERS, database={"url": pg.url, "batch": 1}))
+    proxy = make_proxy(top=fibers(pg, batch=1))
     keys = fire(proxy, 100)
     assert batched(proxy, "claim") == (0, 0)
     assert batched(proxy, "record") == (0, 0)
