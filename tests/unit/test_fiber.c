@@ -249,7 +249,9 @@ static int deepest_json(void)
 /* What a request does on its worker's stack that goes deepest: the
  * fingerprint of the deepest JSON body accepted, a stored gzip body
  * decoded, the longest path normalised. */
-static void deepest_request(int depth)
+/* Not inlined: its buffers must not widen depth_main's frame, below which
+ * the stack is painted. */
+__attribute__((noinline)) static void deepest_request(int depth)
 {
 	size_t len;
 	char *body = nested(depth, &len);
