@@ -23,6 +23,7 @@
 #include <jose/openssl.h>
 #include <openssl/crypto.h>
 #include <openssl/ec.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <stdarg.h>
@@ -479,6 +480,8 @@ static bool verify_pkey(const jwt_keyset *ks, const jwt_key *k,
 		  EVP_DigestVerify(ctx, sig, slen, in, inlen) == 1;
 	EVP_MD_CTX_free(ctx);
 	OPENSSL_free(der);
+	if (!ok)
+		ERR_clear_error(); /* a bad token's reasons are no one's error */
 	return ok;
 }
 
