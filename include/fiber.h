@@ -28,8 +28,14 @@ typedef struct fiber_sched fiber_sched;
 #define FIBER_IN 1
 #define FIBER_OUT 2
 
+/* The stack of each worker fiber, and the guard (PROT_NONE) below every
+ * fiber's stack: larger than any one frame, so an overflow faults in its
+ * own guard, also in code built without -fstack-clash-protection. */
+#define FIBER_STACK_BYTES ((size_t)1 << 20)
+#define FIBER_GUARD_BYTES ((size_t)64 << 10)
+
 /* A scheduler and its thread, started at once; fibers are added with
- * fiber_spawn, each with a stack of stack_size bytes (and a guard page). */
+ * fiber_spawn, each with a stack of stack_size bytes (and a guard). */
 fiber_sched *fiber_sched_start(size_t stack_size);
 /* Starts fn(arg) on a new fiber of s. Thread-safe. */
 void fiber_spawn(fiber_sched *s, void (*fn)(void *), void *arg);
@@ -38,6 +44,10 @@ void fiber_sched_join(fiber_sched *s);
 
 /* The calling fiber, or NULL on a plain thread. */
 fiber *fiber_current(void);
+
+/* The calling fiber's stack, [*lo, *hi), without its guard below; false
+ * on a plain thread. */
+bool fiber_stack_bounds(char **lo, char **hi);
 
 /* On a fiber: waits until fd is ready for `events` (FIBER_IN, FIBER_OUT),
  * or until deadline_ms (ip_now_ms's clock; < 0: none). Returns the events

@@ -1,8 +1,8 @@
 /* Bearer JWTs the proxy verifies itself, for `tenant = "jwt:CLAIM"`.
  *
- * Signatures are checked by José (latchset's JOSE library, on jansson and
- * OpenSSL) for RS256, ES256 and HS256; José has no EdDSA, so Ed25519 keys
- * are verified with OpenSSL directly. Which algorithm may be used, and with
+ * Keys are read with José (latchset's JOSE library, on jansson and
+ * OpenSSL) once per (re)load, into OpenSSL's key objects; signatures
+ * (RS256, ES256, EdDSA, HS256) are checked with OpenSSL directly. Which algorithm may be used, and with
  * which key, is decided here and never by the token: only the route's
  * `algorithms`, each key used only with the one algorithm its type allows.
  * Verification is a pure function of the key set, the policy, the token and
@@ -25,6 +25,14 @@ enum jwt_alg {
 
 /* Longer tokens are refused before anything is decoded. */
 #define JWT_TOKEN_MAX 8192
+/* The largest RSA key a key file may hold: a verification runs on the
+ * serving thread (91 us at 4096 bits on the benchmark machine, and the
+ * cost grows with the square of the modulus). */
+#define JWT_RSA_MAX_BITS 4096
+/* A token without "kid" is tried against at most this many keys of its
+ * algorithm, in the file's order (a rotation's previous, current and next
+ * key); give keys and tokens a kid when there are more. */
+#define JWT_KIDLESS_TRIES 3
 
 /* The bit of an algorithm name, or 0 for one not supported ("none",
  * "RS512", ...). */
@@ -35,7 +43,7 @@ typedef struct jwt_keyset jwt_keyset;
 /* A JWKS document ({"keys": [...]}) or a single JWK. Keys meant for
  * encryption ("use": "enc", or key_ops without "verify"), and key types
  * not supported, are left out; a supported key that is malformed (an RSA
- * key under 2048 bits, an HMAC secret under 32 bytes, a point not on its
+ * key under 2048 or over 4096 bits, an HMAC secret under 32 bytes, a point not on its
  * curve) is an error, and so is a set with no usable key. */
 jwt_keyset *jwt_keyset_parse(const char *text, size_t len, char *why,
 			     size_t whylen) IP_WUR;
@@ -44,6 +52,9 @@ jwt_keyset *jwt_keyset_load(const char *file, char *why,
 			    size_t whylen) IP_WUR;
 void jwt_keyset_free(jwt_keyset *ks);
 size_t jwt_keyset_count(const jwt_keyset *ks);
+/* How many signature checks the set has made (each key a token was tried
+ * against counts one). */
+unsigned long jwt_keyset_verifications(const jwt_keyset *ks);
 
 typedef struct jwt_policy {
 	jwt_keyset *keys;

@@ -36,10 +36,9 @@
 
 /* A switch of stacks. swapcontext also saves and sets the signal mask: a
  * system call each way, 7 per request, for a mask all fibers of a thread
- * share. On x86-64 the switch is ours instead: the callee-saved registers,
- * MXCSR and the x87 control word are pushed on the stack being left, its
- * stack pointer stored, the other one loaded and its registers popped.
- * Elsewhere ucontext. */
+ * share. On x86-64 the switch is ours instead, in its own assembly file
+ * (src/fiber_switch_x86_64.S, where what it saves and why it suits the
+ * compiler's control-flow protection is said). Elsewhere ucontext. */
 #if defined(__x86_64__)
 #define FIBER_OWN_SWITCH 1
 typedef struct fctx {
@@ -47,33 +46,6 @@ typedef struct fctx {
 } fctx;
 /* Saves the current stack in *from and continues on to. */
 void ip_fiber_switch(fctx *from, const fctx *to);
-__asm__(".text\n"
-	".globl ip_fiber_switch\n"
-	".hidden ip_fiber_switch\n"
-	".type ip_fiber_switch, @function\n"
-	"ip_fiber_switch:\n"
-	"\tpushq %rbp\n"
-	"\tpushq %rbx\n"
-	"\tpushq %r12\n"
-	"\tpushq %r13\n"
-	"\tpushq %r14\n"
-	"\tpushq %r15\n"
-	"\tsubq $8, %rsp\n"
-	"\tstmxcsr (%rsp)\n"
-	"\tfnstcw 4(%rsp)\n"
-	"\tmovq %rsp, (%rdi)\n"
-	"\tmovq (%rsi), %rsp\n"
-	"\tldmxcsr (%rsp)\n"
-	"\tfldcw 4(%rsp)\n"
-	"\taddq $8, %rsp\n"
-	"\tpopq %r15\n"
-	"\tpopq %r14\n"
-	"\tpopq %r13\n"
-	"\tpopq %r12\n"
-	"\tpopq %rbx\n"
-	"\tpopq %rbp\n"
-	"\tret\n"
-	".size ip_fiber_switch, .-ip_fiber_switch\n");
 #define FIBER_SWITCH(from, to) ip_fiber_switch(from, to)
 #else
 #include <ucontext.h>
@@ -88,7 +60,7 @@ struct fiber {
 	fiber_sched *s;
 	void (*fn)(void *);
 	void *arg;
-	char *map;       /* the mapping: guard page, then the stack */
+	char *map;       /* the mapping: the guard, then the stack */
 	size_t map_size; /* both */
 	enum fstate state; /* the scheduler thread's own */
 	bool parked;       /* under s->mu: waits for fiber_wake */
@@ -127,7 +99,7 @@ struct fiber_sched {
 	int ep, evfd;
 	size_t stack_size;
 	fctx main_ctx;
-	size_t page;
+	size_t guard; /* bytes of PROT_NONE below each stack */
 	fiber *run_head, *run_tail; /* the scheduler thread's own */
 	pthread_mutex_t mu;
 	fiber *remote_head, *remote_tail; /* under mu */
@@ -162,6 +134,16 @@ fiber *fiber_current(void)
 	return tls_current;
 }
 
+bool fiber_stack_bounds(char **lo, char **hi)
+{
+	fiber *f = tls_current;
+	if (!f)
+		return false;
+	*lo = f->map + f->s->guard;
+	*hi = f->map + f->map_size;
+	return true;
+}
+
 /* ---- switching ------------------------------------------------------ */
 
 static void to_fiber(fiber_sched *s, fiber *f)
@@ -169,8 +151,8 @@ static void to_fiber(fiber_sched *s, fiber *f)
 	tls_current = f;
 	f->state = F_RUNNING;
 #ifdef FIBER_ASAN
-	__sanitizer_start_switch_fiber(&s->asan_fake, f->map + s->page,
-				       f->map_size - s->page);
+	__sanitizer_start_switch_fiber(&s->asan_fake, f->map + s->guard,
+				       f->map_size - s->guard);
 #endif
 #ifdef FIBER_TSAN
 	__tsan_switch_to_fiber(f->tsan, 0);
@@ -599,9 +581,9 @@ static void *sched_main(void *arg)
 fiber_sched *fiber_sched_start(size_t stack_size)
 {
 	fiber_sched *s = xcalloc(1, sizeof *s);
-	long page = sysconf(_SC_PAGESIZE);
-	s->page = (size_t)page;
-	s->stack_size = (stack_size + (size_t)page - 1) & ~((size_t)page - 1);
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	s->guard = (FIBER_GUARD_BYTES + page - 1) & ~(page - 1);
+	s->stack_size = (stack_size + page - 1) & ~(page - 1);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->calls_cv, NULL);
 	s->ep = epoll_create1(EPOLL_CLOEXEC);
@@ -619,19 +601,18 @@ fiber_sched *fiber_sched_start(size_t stack_size)
 void fiber_spawn(fiber_sched *s, void (*fn)(void *), void *arg)
 {
 	fiber *f = xcalloc(1, sizeof *f);
-	long page = sysconf(_SC_PAGESIZE);
 	f->s = s;
 	f->fn = fn;
 	f->arg = arg;
 	f->wait_index = -1;
 	f->deadline = -1;
-	f->map_size = s->stack_size + (size_t)page;
+	f->map_size = s->guard + s->stack_size;
 	f->map = mmap(NULL, f->map_size, PROT_READ | PROT_WRITE,
 		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
 	IP_ASSERT(f->map != MAP_FAILED);
-	/* the guard page: an overflow faults instead of writing over
-	 * another fiber's stack */
-	IP_ASSERT(mprotect(f->map, (size_t)page, PROT_NONE) == 0);
+	/* the guard: an overflow faults instead of writing over another
+	 * fiber's stack */
+	IP_ASSERT(mprotect(f->map, s->guard, PROT_NONE) == 0);
 #ifdef FIBER_OWN_SWITCH
 	/* The frame ip_fiber_switch pops: MXCSR and the x87 control word at
 	 * their defaults, six registers, then entry as the return address;
@@ -645,7 +626,7 @@ void fiber_spawn(fiber_sched *s, void (*fn)(void *), void *arg)
 	f->ctx.sp = sp;
 #else
 	IP_ASSERT(getcontext(&f->ctx) == 0);
-	f->ctx.uc_stack.ss_sp = f->map + page;
+	f->ctx.uc_stack.ss_sp = f->map + s->guard;
 	f->ctx.uc_stack.ss_size = s->stack_size;
 	f->ctx.uc_link = NULL;
 	makecontext(&f->ctx, entry, 0);

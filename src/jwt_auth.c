@@ -20,10 +20,14 @@
 #include <jansson.h>
 #include <jose/b64.h>
 #include <jose/cfg.h>
-#include <jose/jws.h>
 #include <jose/openssl.h>
+#include <openssl/crypto.h>
+#include <openssl/ec.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,16 +36,22 @@
 #define JWT_HMAC_MIN_BYTES 32
 #define JWT_FILE_MAX (1 << 20)
 
+/* Each key is parsed once, when the file is (re)loaded, into the object
+ * OpenSSL verifies with; a token costs one signature check per key it is
+ * tried against, and at most JWT_KIDLESS_TRIES of those without a kid. */
 typedef struct jwt_key {
-	char *jwk;      /* compact JSON, loaded afresh for each use */
-	char *kid;      /* or NULL */
-	unsigned alg;   /* the one algorithm this key verifies */
-	EVP_PKEY *okp;  /* Ed25519, verified here */
+	char *kid;           /* or NULL */
+	unsigned alg;        /* the one algorithm this key verifies */
+	EVP_PKEY *pk;        /* RS256, ES256, EdDSA */
+	unsigned char *hmac; /* HS256: the secret */
+	size_t hmac_len;
 } jwt_key;
 
 struct jwt_keyset {
 	jwt_key *v;
 	size_t n;
+	EVP_MD *sha256;
+	atomic_ulong verifications;
 };
 
 static const struct {
@@ -141,9 +151,11 @@ static json_t *b64_json_object(const char *s, size_t n)
 
 static void key_free(jwt_key *k)
 {
-	free(k->jwk);
 	free(k->kid);
-	EVP_PKEY_free(k->okp);
+	EVP_PKEY_free(k->pk);
+	if (k->hmac)
+		OPENSSL_cleanse(k->hmac, k->hmac_len);
+	free(k->hmac);
 }
 
 void jwt_keyset_free(jwt_keyset *ks)
@@ -153,12 +165,18 @@ void jwt_keyset_free(jwt_keyset *ks)
 	for (size_t i = 0; i < ks->n; i++)
 		key_free(&ks->v[i]);
 	free(ks->v);
+	EVP_MD_free(ks->sha256);
 	free(ks);
 }
 
 size_t jwt_keyset_count(const jwt_keyset *ks)
 {
 	return ks ? ks->n : 0;
+}
+
+unsigned long jwt_keyset_verifications(const jwt_keyset *ks)
+{
+	return ks ? atomic_load(&((jwt_keyset *)ks)->verifications) : 0;
 }
 
 /* Meant for signatures? "use" and "key_ops" are both optional. */
@@ -202,25 +220,31 @@ static unsigned alg_of_type(const json_t *jwk)
 	return 0;
 }
 
-static int check_asymmetric(const json_t *jwk, unsigned alg, char *why,
-			    size_t whylen)
+/* RSA keys are bounded above too: a token's verification runs on the
+ * serving thread, and its cost grows with the square of the modulus. */
+static int load_asymmetric(const json_t *jwk, jwt_key *out, char *why,
+			   size_t whylen)
 {
 	jose_cfg_t *cfg = quiet_cfg();
 	EVP_PKEY *pk = jose_openssl_jwk_to_EVP_PKEY(cfg, jwk);
 	jose_cfg_decref(cfg);
 	if (!pk)
 		return jwt_why(why, whylen, "not a valid %s key",
-			       alg == JWT_RS256 ? "RSA" : "EC P-256");
+			       out->alg == JWT_RS256 ? "RSA" : "EC P-256");
 	int bits = EVP_PKEY_get_bits(pk);
-	EVP_PKEY_free(pk);
-	if (alg == JWT_RS256 && bits < JWT_RSA_MIN_BITS)
+	if (out->alg == JWT_RS256 &&
+	    (bits < JWT_RSA_MIN_BITS || bits > JWT_RSA_MAX_BITS)) {
+		EVP_PKEY_free(pk);
 		return jwt_why(why, whylen,
-			       "an RSA key of %d bits; at least %d are needed",
-			       bits, JWT_RSA_MIN_BITS);
+			       "an RSA key of %d bits; %d to %d are accepted",
+			       bits, JWT_RSA_MIN_BITS, JWT_RSA_MAX_BITS);
+	}
+	out->pk = pk;
 	return 0;
 }
 
-static int check_secret(const json_t *jwk, char *why, size_t whylen)
+static int load_secret(const json_t *jwk, jwt_key *out, char *why,
+		       size_t whylen)
 {
 	const char *k = member_str(jwk, "k");
 	size_t n;
@@ -228,13 +252,16 @@ static int check_secret(const json_t *jwk, char *why, size_t whylen)
 	if (!raw)
 		return jwt_why(why, whylen,
 			       "an oct key needs \"k\", base64url-encoded");
-	OPENSSL_cleanse(raw, n);
-	free(raw);
-	if (n < JWT_HMAC_MIN_BYTES)
+	if (n < JWT_HMAC_MIN_BYTES) {
+		OPENSSL_cleanse(raw, n);
+		free(raw);
 		return jwt_why(why, whylen,
 			       "an HS256 secret of %zu bytes; at least %d are "
 			       "needed",
 			       n, JWT_HMAC_MIN_BYTES);
+	}
+	out->hmac = (unsigned char *)raw;
+	out->hmac_len = n;
 	return 0;
 }
 
@@ -270,21 +297,19 @@ static int load_key(const json_t *jwk, jwt_key *out, char *why,
 	const json_t *kid = json_object_get(jwk, "kid");
 	if (kid && !json_is_string(kid))
 		return jwt_why(why, whylen, "\"kid\" must be a string");
+	out->alg = alg;
 	if (alg == JWT_EDDSA) {
-		out->okp = ed25519_key(jwk);
-		if (!out->okp)
+		out->pk = ed25519_key(jwk);
+		if (!out->pk)
 			return jwt_why(why, whylen,
 				       "an Ed25519 key needs \"x\", 32 bytes "
 				       "base64url-encoded");
-	} else if ((alg == JWT_HS256 ? check_secret(jwk, why, whylen)
-				     : check_asymmetric(jwk, alg, why,
-							whylen)) < 0) {
+	} else if ((alg == JWT_HS256 ? load_secret(jwk, out, why, whylen)
+				     : load_asymmetric(jwk, out, why,
+						       whylen)) < 0) {
 		return -1;
 	}
-	out->alg = alg;
 	out->kid = kid ? xstrdup(json_string_value(kid)) : NULL;
-	out->jwk = json_dumps(jwk, JSON_COMPACT);
-	IP_ASSERT(out->jwk != NULL);
 	return 1;
 }
 
@@ -309,6 +334,8 @@ jwt_keyset *jwt_keyset_parse(const char *text, size_t len, char *why,
 		return NULL;
 	}
 	jwt_keyset *ks = xcalloc(1, sizeof *ks);
+	ks->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
+	IP_ASSERT(ks->sha256 != NULL);
 	size_t n = one ? 1 : json_array_size(keys);
 	ks->v = xcalloc(n ? n : 1, sizeof *ks->v);
 	for (size_t i = 0; i < n; i++) {
@@ -316,6 +343,7 @@ jwt_keyset *jwt_keyset_parse(const char *text, size_t len, char *why,
 		int rc = load_key(one ? one : json_array_get(keys, i),
 				  &ks->v[ks->n], kwhy, sizeof kwhy);
 		if (rc < 0) {
+			key_free(&ks->v[ks->n]);
 			jwt_why(why, whylen, "key %zu: %s", i + 1, kwhy);
 			json_decref(doc);
 			jwt_keyset_free(ks);
@@ -399,50 +427,99 @@ static bool split(const char *t, size_t len, jwt_parts *p)
 	return k == 3;
 }
 
-static bool verify_ed25519(const jwt_key *k, const jwt_parts *p)
+/* JWS carries an ES256 signature as r || s, 32 bytes each; OpenSSL
+ * verifies the DER form. */
+static unsigned char *es256_der(const unsigned char *sig, size_t *len)
 {
-	size_t slen;
-	char *sig = b64_decode(p->s[2], p->n[2], &slen);
-	if (!sig)
+	ECDSA_SIG *es = ECDSA_SIG_new();
+	BIGNUM *r = BN_bin2bn(sig, 32, NULL), *s = BN_bin2bn(sig + 32, 32, NULL);
+	unsigned char *der = NULL;
+	int n = -1;
+	if (es && r && s && ECDSA_SIG_set0(es, r, s) == 1) {
+		r = s = NULL; /* es owns them */
+		n = i2d_ECDSA_SIG(es, &der);
+	}
+	BN_free(r);
+	BN_free(s);
+	ECDSA_SIG_free(es);
+	if (n <= 0)
+		return NULL;
+	*len = (size_t)n;
+	return der;
+}
+
+static bool verify_hmac(const jwt_keyset *ks, const jwt_key *k,
+			const unsigned char *sig, size_t slen,
+			const unsigned char *in, size_t inlen)
+{
+	unsigned char mac[EVP_MAX_MD_SIZE];
+	unsigned mlen = 0;
+	return slen == 32 &&
+	       HMAC(ks->sha256, k->hmac, (int)k->hmac_len, in, inlen, mac,
+		    &mlen) != NULL &&
+	       mlen == 32 && CRYPTO_memcmp(mac, sig, 32) == 0;
+}
+
+static bool verify_pkey(const jwt_keyset *ks, const jwt_key *k,
+			const unsigned char *sig, size_t slen,
+			const unsigned char *in, size_t inlen)
+{
+	unsigned char *der = NULL;
+	if (k->alg == JWT_ES256) {
+		if (slen != 64 || !(der = es256_der(sig, &slen)))
+			return false;
+		sig = der;
+	} else if (k->alg == JWT_EDDSA && slen != 64) {
 		return false;
+	}
 	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
 	IP_ASSERT(ctx != NULL);
-	/* The signing input is header.payload exactly as sent. */
-	size_t inlen = p->n[0] + 1 + p->n[1];
-	bool ok = slen == 64 &&
-		  EVP_DigestVerifyInit(ctx, NULL, NULL, NULL, k->okp) == 1 &&
-		  EVP_DigestVerify(ctx, (unsigned char *)sig, slen,
-				   (const unsigned char *)p->s[0], inlen) == 1;
+	/* Ed25519 hashes by itself: no digest is named for it. */
+	const EVP_MD *md = k->alg == JWT_EDDSA ? NULL : ks->sha256;
+	bool ok = EVP_DigestVerifyInit(ctx, NULL, md, NULL, k->pk) == 1 &&
+		  EVP_DigestVerify(ctx, sig, slen, in, inlen) == 1;
 	EVP_MD_CTX_free(ctx);
+	OPENSSL_free(der);
+	if (!ok)
+		ERR_clear_error(); /* a bad token's reasons are no one's error */
+	return ok;
+}
+
+/* The signing input is header.payload exactly as sent. */
+static bool verify_one(const jwt_keyset *ks, const jwt_key *k,
+		       const jwt_parts *p)
+{
+	atomic_fetch_add(&((jwt_keyset *)ks)->verifications, 1);
+	size_t slen;
+	unsigned char *sig =
+		(unsigned char *)b64_decode(p->s[2], p->n[2], &slen);
+	if (!sig)
+		return false;
+	const unsigned char *in = (const unsigned char *)p->s[0];
+	size_t inlen = p->n[0] + 1 + p->n[1];
+	bool ok = k->alg == JWT_HS256
+			  ? verify_hmac(ks, k, sig, slen, in, inlen)
+			  : verify_pkey(ks, k, sig, slen, in, inlen);
 	free(sig);
 	return ok;
 }
 
-static bool verify_jose(const jwt_key *k, const jwt_parts *p)
-{
-	json_t *jws = json_pack("{s:s%,s:s%,s:s%}", "protected", p->s[0],
-				p->n[0], "payload", p->s[1], p->n[1],
-				"signature", p->s[2], p->n[2]);
-	json_error_t jerr;
-	json_t *jwk = json_loads(k->jwk, 0, &jerr);
-	IP_ASSERT(jws != NULL && jwk != NULL);
-	jose_cfg_t *cfg = quiet_cfg();
-	bool ok = jose_jws_ver(cfg, jws, NULL, jwk, false);
-	jose_cfg_decref(cfg);
-	json_decref(jwk);
-	json_decref(jws);
-	return ok;
-}
-
+/* A token with a kid is checked against the keys with that kid; one
+ * without, against the first JWT_KIDLESS_TRIES keys of its algorithm
+ * only, so that a key file of many keys does not make every token without
+ * a kid cost that many signature checks. */
 static bool signed_by(const jwt_keyset *ks, unsigned alg, const char *kid,
 		      const jwt_parts *p, bool *any_key)
 {
+	int tries = 0;
 	for (size_t i = 0; i < ks->n; i++) {
 		const jwt_key *k = &ks->v[i];
 		if (k->alg != alg || (kid && (!k->kid || strcmp(kid, k->kid))))
 			continue;
+		if (!kid && tries++ == JWT_KIDLESS_TRIES)
+			break;
 		*any_key = true;
-		if (alg == JWT_EDDSA ? verify_ed25519(k, p) : verify_jose(k, p))
+		if (verify_one(ks, k, p))
 			return true;
 	}
 	return false;

@@ -13,6 +13,7 @@
 #include "admin.h"
 #include "busy.h"
 #include "config.h"
+#include "fiber.h"
 #include "http_front.h"
 #include "log.h"
 #include "metrics.h"
@@ -309,13 +310,13 @@ static int serve(config *cfg)
 		}
 	}
 	/* A worker's deepest stack (OpenSSL, libcurl, libpq, jansson, our
-	 * own buffers) stays well inside this; the guard page below it
-	 * faults rather than overflow. */
+	 * own buffers) stays well inside this (tests/unit/test_fiber.c pins
+	 * it); the guard below it faults rather than overflow. */
 	worker_pool *pool =
 		cfg->worker_fibers
 			? worker_pool_start_fibers(cfg->workers,
 						   cfg->queue_size, &ops,
-						   (size_t)1 << 20)
+						   FIBER_STACK_BYTES)
 			: worker_pool_start(cfg->workers, cfg->queue_size,
 					    &ops);
 	running.pool = pool;

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "busy.h"
+#include "offload.h"
 #include "store_batch.h"
 #include "worker.h"
 
@@ -531,6 +532,15 @@ void metrics_render(ip_buf *out)
 		      (double)cache_entries);
 	render_scalar(out, "idemproxy_replay_cache_bytes", "gauge",
 		      "Bytes held in the replay cache.", (double)cache_bytes);
+	render_scalar(out, "idemproxy_offload_pending", "gauge",
+		      "CPU work handed to helper threads and not done yet "
+		      "(decoding stored bodies, canonical JSON of large "
+		      "bodies).",
+		      (double)offload_pending());
+	render_scalar(out, "idemproxy_offload_jobs_total", "counter",
+		      "CPU work done by helper threads instead of the serving "
+		      "thread.",
+		      (double)offload_jobs());
 	render_scalar(out, "idemproxy_busy_poll_seconds_total", "counter",
 		      "Time threads spent polling instead of sleeping "
 		      "(busy_poll).",

@@ -470,12 +470,41 @@ prime() {
 		die "key $key is not replayed after its first attempt"
 }
 
-# replay_run ID CONNS THREADS: replays of a key primed for this slice.
+# replay_run ID CONNS THREADS [LABEL]: replays of a key primed for this
+# slice.
 replay_run() {
 	SEQ=$((SEQ + 1))
 	local key=$TAG-$1-$SEQ
 	prime "$key"
-	proxy_run "$1" replay "$2" "$3" "$key"
+	proxy_run "$1" replay "$2" "$3" "$key" "${4:-}"
+}
+
+# Replays from the cache at one connection while another client forces
+# the heaviest CPU path a request has (heavy_client.py: retries with a
+# ~900 KB JSON body, whose canonical form a helper thread makes for each),
+# beside the same replays without it, interleaved (A B A B). The heavy
+# client's requests are replays too, so the upstream sees none of either.
+heavy_runs() {
+	local i pid ready=$TMP/heavy.ready stats=$TMP/heavy.stats n=0 e=0 r
+	for i in 1 2; do
+		replay_run replay-c1-quiet 1 1 "no other client (heavy pair)"
+		rm -f "$ready" "$stats"
+		"$PYTHON" "$HERE/heavy_client.py" "$PROXY" "$TAG-heavy-$i" \
+			"$ready" "$stats" >>"$LOGS/heavy_client.log" 2>&1 &
+		pid=$!
+		for r in $(seq 100); do
+			[ -f "$ready" ] || ! kill -0 "$pid" 2>/dev/null || sleep 0.1
+		done
+		[ -f "$ready" ] || die "heavy_client did not start (see $LOGS/heavy_client.log)"
+		replay_run replay-c1-heavy 1 1 "while a client retries 900 KB JSON bodies (heavy pair)"
+		kill -TERM "$pid"
+		wait "$pid" || die "heavy_client failed (see $LOGS/heavy_client.log)"
+		read -r r i <"$stats"
+		n=$((n + r)) e=$((e + i))
+	done
+	[ "$e" = 0 ] || fail "heavy pair: $e of the heavy client's $n requests failed"
+	[ "$RECORD" = 0 ] || echo "$n" >"$DATA/heavy_requests.txt"
+	note "heavy pair: the heavy client's requests during the slices: $n"
 }
 
 psql_q() {
@@ -813,6 +842,16 @@ main() {
 	start_alone_proxy
 	note "postgres :$PGPORT, stub :$STUB_PORT, nginx :$NGINX_PORT, idemproxy :$PROXY_PORT (admin :$ADMIN_PORT), $WORKERS workers; with busy_poll $BUSY: $BUSY_PROXY"
 
+	# BENCH_ONLY="heavy_runs ...": only those runs, after the start-up
+	# (no warm-up, no targets); the table has only their rows.
+	if [ -n "${BENCH_ONLY:-}" ]; then
+		local f
+		for f in $BENCH_ONLY; do
+			"$f"
+		done
+		report
+		return
+	fi
 	warm_up
 	checkpoint
 	local ck0
@@ -830,12 +869,17 @@ main() {
 	set_log_level warn
 	echo "$(($(checkpoints) - ck0))" >"$DATA/checkpoints.txt"
 	checkpoint_runs
+	heavy_runs
+	report
+}
 
+report() {
 	local elapsed=$((SECONDS - START_S))
 	"$PYTHON" "$HERE/report.py" --data "$DATA" --out "$OUT/results.md" \
 		--workers "$WORKERS" --duration "$DUR" --elapsed "$elapsed" \
 		--busy "$BUSY" --wide "$WIDE" --cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
-		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")"
+		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")" \
+		--only "${BENCH_ONLY:-}"
 	if [ -f "$DATA/wait_burst.md" ]; then
 		printf '\n| waiting duplicates | exactly once | latency |\n|---|---|---|\n' >>"$OUT/results.md"
 		cat "$DATA/wait_burst.md" >>"$OUT/results.md"

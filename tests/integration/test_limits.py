@@ -2,6 +2,7 @@
 queue is answered with 503 at once"): the job queue, clients that trickle
 their request, connections per IP, header and body sizes. A request refused
 by a limit reaches neither the upstream nor the store."""
+import os
 import socket
 import threading
 import time
@@ -10,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 import pytest
 import requests
 
-from helpers import TIMEOUT, assert_problem, assert_retry_after, is_replay, new_key, raw_request
+from helpers import (TIMEOUT, assert_problem, assert_retry_after, is_replay, new_key, raw_request,
+                     wait_until)
 
 PAY = "/v1/payments"
 JSON = ("Content-Type", "application/json")
@@ -288,3 +290,48 @@ def test_oversized_bodies_are_413(make_proxy, stub, pg):
 
     nothing_stored_or_sent(stub, pg, [cl_key, chunked_key, unsent_key])
     assert stub.count() == 1
+
+
+# --- CPU work one client can cause ------------------------------------------------
+
+def big_json_body():
+    """Just under max_request_body (1MiB): many small objects, whose
+    canonical form (parse, sort, dump) takes the longest per byte."""
+    items = ",".join('{"k%d": %d, "v": [%d, "x"]}' % (i % 997, i, i) for i in range(29000))
+    body = ('{"amount": 100, "items": [%s]}' % items).encode()
+    assert 900 * 1024 < len(body) < 1024 * 1024
+    return body
+
+
+def test_the_canonical_json_of_a_large_body_holds_up_no_other_client(make_proxy, stub, pg):
+    """While a fresh request's large JSON body is being canonicalised for
+    its fingerprint, a retry of another key is replayed from the cache:
+    the replay is answered before the large request is."""
+    from store_support import metrics
+    proxy = make_proxy()
+    done = new_key("done")
+    assert pay(proxy, done).status_code == 201
+    heavy_key = new_key("heavy")
+    body = big_json_body()
+    events = []
+
+    def heavy():
+        r = raw_request(proxy.port, "POST", PAY, [JSON, ("Idempotency-Key", heavy_key)],
+                        body, timeout=60)
+        events.append(("heavy", r.status_code))
+
+    t = threading.Thread(target=heavy)
+    t.start()
+    # With fibers the work is a helper thread's (the serving thread's
+    # before); with a thread per worker, that worker's.
+    gauge = ("idemproxy_workers_busy" if os.environ.get("IDEMPROXY_TEST_WORKER_MODEL") == "threads"
+             else "idemproxy_offload_pending")
+    wait_until(lambda: events or metrics(proxy).get(gauge, 0) >= 1,
+               what="the large body's fingerprint to be in the making", interval=0.002)
+    assert not events, "the large request was answered before it could be overtaken"
+    again = pay(proxy, done)
+    events.append("replayed")
+    t.join(60)
+    assert is_replay(again)
+    assert events == ["replayed", ("heavy", 201)]
+    assert stub.count(key=heavy_key) == 1 and stub.count(key=done) == 1

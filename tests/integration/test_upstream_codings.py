@@ -3,12 +3,15 @@ replay_headers says, replayed labelled to a retry that accepts the coding and
 decoded for one that does not, on the store path and the replay-cache path
 alike; and what the upstream is asked for."""
 import gzip
+import http.client
 import json
+import socket
+import threading
 import zlib
 
 import pytest
 
-from helpers import is_replay, new_key, raw_request
+from helpers import is_replay, new_key, raw_request, wait_until
 from misbehaving import Respond
 from store_support import PAY
 from test_upstream_answers import answer_for, post_raw, raw, stored_headers  # noqa: F401
@@ -89,3 +92,74 @@ def test_upstream_is_asked_only_for_codings_the_proxy_can_decode(make_proxy, raw
     assert [r.headers("Accept-Encoding") for r in up.seen() if r.method == "GET"] == [["br"]]
 
 
+
+
+# Decoded, just under max_response (256MiB): zlib needs a few hundred ms.
+HUGE = 250 << 20
+
+
+@pytest.fixture(scope="module")
+def huge_gzip():
+    return gzip.compress(bytes(HUGE), 1)
+
+
+def rss_bytes(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_decoding_a_huge_stored_body_holds_up_no_other_client(make_proxy, raw, pg, huge_gzip):
+    """A retry that makes the proxy decode a 250MiB gzip body: while that
+    runs, another client's fresh request is still claimed, sent, recorded
+    and answered, before the retry's answer starts."""
+    def handler(req):
+        if req.key.startswith("huge"):
+            return Respond(201, huge_gzip, [("Content-Type", "application/octet-stream"),
+                                            ("Content-Encoding", "gzip")])
+        return Respond(201, answer_for(req), [("Content-Type", "application/json")])
+    up = raw(handler)
+    proxy = make_proxy(routes=[{"name": "create_payment", "path": PAY, "upstream": up.url}])
+    big = new_key("huge")
+    first = post_raw(proxy, big, "gzip")
+    assert first.status_code == 201 and first.content == huge_gzip
+    other = new_key("other")
+    pid = proxy.proc.pid
+    base = rss_bytes(pid)
+    events = []
+
+    def heavy():
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=60)
+        try:
+            sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Idempotency-Key: %s\r\nContent-Length: 34\r\n\r\n"
+                         b'{"amount": 100, "currency": "EUR"}' % (PAY.encode(), big.encode()))
+            resp = http.client.HTTPResponse(sock, method="POST")
+            resp.begin()
+            events.append("heavy answered")
+            n = 0
+            while True:
+                chunk = resp.read(1 << 20)
+                if not chunk:
+                    break
+                assert chunk.count(0) == len(chunk)
+                n += len(chunk)
+            events.append(("heavy", resp.status, resp.getheader("Content-Encoding"), n))
+        finally:
+            sock.close()
+
+    t = threading.Thread(target=heavy)
+    t.start()
+    # The decode has begun once the proxy holds a good part of the body.
+    wait_until(lambda: rss_bytes(pid) - base > (64 << 20) or events,
+               what="the proxy to start decoding", interval=0.001)
+    assert not events, "the retry was answered before it could be overtaken"
+    r = proxy.post(PAY, key=other, json={"amount": 1})
+    events.append("other answered")
+    t.join(60)
+    assert r.status_code == 201 and not is_replay(r)
+    assert events[0] == "other answered", events
+    assert events[-1] == ("heavy", 201, None, HUGE)
+    assert up.count(big) == 1 and up.count(other) == 1

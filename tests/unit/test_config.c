@@ -10,6 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+#include <jose/openssl.h>
+#include <openssl/evp.h>
+
 #include "config.h"
 
 #define EXAMPLE_CONF "conf/idemproxy.conf"
@@ -654,6 +658,24 @@ static void test_error_jwt(void **state)
 	write_file(JWKS_PATH, "{\"keys\": [{\"kty\":\"oct\",\"k\":\"AAAA\"}]}");
 	assert_route_error(JWT_GROUP("algorithms = [\"HS256\"];"), 4,
 			   "key 1: an HS256 secret of 3 bytes");
+	/* An RSA key whose verifications would cost the serving thread too
+	 * much is refused when the file is loaded. */
+	EVP_PKEY *big = EVP_PKEY_Q_keygen(NULL, NULL, "RSA", (size_t)4608);
+	json_t *jwk = jose_openssl_jwk_from_EVP_PKEY(NULL, big);
+	EVP_PKEY_free(big);
+	assert_non_null(jwk);
+	for (const char **m = (const char *[]){"d", "p", "q", "dp", "dq",
+						"qi", NULL};
+	     *m; m++)
+		json_object_del(jwk, *m); /* the public key */
+	json_t *set = json_pack("{s:[o]}", "keys", jwk);
+	char *text = json_dumps(set, 0);
+	write_file(JWKS_PATH, text);
+	free(text);
+	json_decref(set);
+	assert_route_error(JWT_GROUP("algorithms = [\"RS256\"];"), 4,
+			   "key 1: an RSA key of 4608 bits; 2048 to 4096 are "
+			   "accepted");
 	unlink(JWKS_PATH);
 }
 

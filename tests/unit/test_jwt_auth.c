@@ -430,6 +430,21 @@ static void test_keyset_loading(void **state)
 	free(text);
 	json_decref(set);
 	json_decref(sj);
+	/* Above 4096 bits, too: each verification would cost the serving
+	 * thread several times a 4096-bit one. */
+	EVP_PKEY *big = EVP_PKEY_Q_keygen(NULL, NULL, "RSA", (size_t)4608);
+	sj = jose_openssl_jwk_from_EVP_PKEY(NULL, big);
+	EVP_PKEY_free(big);
+	for (const char **m = (const char *[]){"d", "p", "q", "dp", "dq",
+						"qi", NULL};
+	     *m; m++)
+		json_object_del(sj, *m); /* the public key */
+	set = json_pack("{s:[O]}", "keys", sj);
+	text = json_dumps(set, 0);
+	keyset_refused(text, "an RSA key of 4608 bits; 2048 to 4096 are accepted");
+	free(text);
+	json_decref(set);
+	json_decref(sj);
 	/* Encryption keys and unsupported types are left out. */
 	json_t *enc = json_deep_copy(ec_pub);
 	json_object_set_new(enc, "use", json_string("enc"));
@@ -465,6 +480,53 @@ static void test_kid_selects(void **state)
 	jwt_policy_free(p);
 }
 
+/* A token without kid is tried against a few keys of its algorithm only
+ * (JWT_KIDLESS_TRIES), not against every key of the file: each costs a
+ * signature check on the serving thread. */
+static void test_a_token_without_kid_tries_few_keys(void **state)
+{
+	(void)state;
+	enum { NKEYS = 8 };
+	char secret[NKEYS][40];
+	json_t *set = json_pack("{s:[]}", "keys");
+	for (int i = 0; i < NKEYS; i++) {
+		snprintf(secret[i], sizeof secret[i],
+			 "secret-%d-0123456789abcdef0123456789", i);
+		char *k = b64(secret[i], strlen(secret[i]));
+		json_array_append_new(json_object_get(set, "keys"),
+				      json_pack("{s:s,s:s}", "kty", "oct",
+						"k", k));
+		free(k);
+	}
+	char *text = json_dumps(set, 0);
+	json_decref(set);
+	char why[256];
+	jwt_policy *p = xcalloc(1, sizeof *p);
+	p->keys = jwt_keyset_parse(text, strlen(text), why, sizeof why);
+	free(text);
+	assert_non_null(p->keys);
+	p->issuer = xstrdup(ISS);
+	p->audience = xstrdup(AUD);
+	p->algs = JWT_HS256;
+	p->leeway_ms = 30000;
+	/* The first keys verify without a kid. */
+	ok(p, sign_hmac(hdr("HS256"), claims(60), secret[0],
+			strlen(secret[0])));
+	ok(p, sign_hmac(hdr("HS256"), claims(60), secret[JWT_KIDLESS_TRIES - 1],
+			strlen(secret[JWT_KIDLESS_TRIES - 1])));
+	/* A forged token costs JWT_KIDLESS_TRIES checks, not NKEYS. */
+	unsigned long before = jwt_keyset_verifications(p->keys);
+	refused(p, sign_hmac(hdr("HS256"), claims(60), "forged-0123456789abcdef0123456789", 33),
+		"signature does not verify");
+	assert_int_equal(jwt_keyset_verifications(p->keys) - before,
+			 JWT_KIDLESS_TRIES);
+	/* The last key is past the bound: its tokens need a kid. */
+	refused(p, sign_hmac(hdr("HS256"), claims(60), secret[NKEYS - 1],
+			     strlen(secret[NKEYS - 1])),
+		"signature does not verify");
+	jwt_policy_free(p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -476,6 +538,7 @@ int main(void)
 		cmocka_unit_test(test_jose_alone),
 		cmocka_unit_test(test_keyset_loading),
 		cmocka_unit_test(test_kid_selects),
+		cmocka_unit_test(test_a_token_without_kid_tries_few_keys),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
