@@ -79,6 +79,11 @@ typedef struct claim_result {
 					   this attempt's lease */
 	int64_t expires_in_ms;          /* FORWARD, TAKEOVER, REPLAY: until the
 					   record expires */
+	/* ip_now_ms() just before the statement that gave this answer was
+	 * sent: lease_left_ms and expires_in_ms count from here, never later
+	 * than the database's now(). A claim repeated after a lost answer
+	 * counts from the repeat, not from the first try. */
+	double asked_ms;
 	/* REPLAY: pointers into res, valid until claim_result_clear */
 	int status;
 	const char *headers;

@@ -932,8 +932,9 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		store_down(w, j, r, err);
 		return false;
 	}
-	/* From before the claim was sent: never later than the store's. */
-	w->cache_expires_ms = t0 + (double)c.expires_in_ms;
+	/* From before the answering statement was sent: never later than
+	 * the store's. */
+	w->cache_expires_ms = c.asked_ms + (double)c.expires_in_ms;
 	metrics_set_store_up(true);
 	j->attempt = c.attempt;
 	switch (c.decision) {
@@ -942,9 +943,11 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		/* fall through */
 	case CLAIM_FORWARD:
 		leave_wait(w, j, "took_over");
-		/* The lease counted from before the claim was sent: never
-		 * later than the database's. */
-		forward_owned(w, j, r, p, &c, t0 + (double)c.lease_left_ms);
+		/* The lease counted from before the statement that granted
+		 * it was sent (a repeat after a lost answer counts from the
+		 * repeat): never later than the database's. */
+		forward_owned(w, j, r, p, &c,
+			      c.asked_ms + (double)c.lease_left_ms);
 		break;
 	case CLAIM_REPLAY:
 		replay(w, j, p, &c);

@@ -426,6 +426,9 @@ int store_batch_claim(const store_batch_use *u, const claim_req *req,
 		l->alone--;
 		return rc;
 	}
+	/* The batch statement goes out after this: its lease counts from
+	 * no later than the database's. */
+	double asked = ip_now_ms();
 	item it = {.claim = req,
 		   .max = u->max,
 		   .timeout_ms = u->statement_timeout_ms,
@@ -436,6 +439,7 @@ int store_batch_claim(const store_batch_use *u, const claim_req *req,
 		return store_claim(u->own, req, out, err, errlen);
 	if (it.hit) {
 		store_claim_fresh(req, out);
+		out->asked_ms = asked;
 		return 0;
 	}
 	/* The key exists: possibly this attempt's own, when the batch went

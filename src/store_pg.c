@@ -604,6 +604,7 @@ static int claim_call(store *s, const claim_req *req, claim_result *out,
 {
 	claim_params cp;
 	claim_params_of(req, &cp);
+	double asked = ip_now_ms();
 	PGresult *r = run(s, ST_CLAIM, cp.vals, cp.lens, cp.fmts, 1);
 	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
 		PQclear(r);
@@ -637,6 +638,7 @@ static int claim_call(store *s, const claim_req *req, claim_result *out,
 		out->lease_left_ms = get_i64(PQgetvalue(r, 0, 3));
 	if (!PQgetisnull(r, 0, 8))
 		out->expires_in_ms = get_i64(PQgetvalue(r, 0, 8));
+	out->asked_ms = asked;
 	if (out->decision == CLAIM_REPLAY) {
 		out->status = get_i32(PQgetvalue(r, 0, 4));
 		out->headers = PQgetvalue(r, 0, 5);
@@ -662,6 +664,7 @@ static int claim_once(store *s, const claim_req *req, bool existing,
 	if (!s->citus && !existing) {
 		claim_params cp;
 		claim_params_of(req, &cp);
+		double asked = ip_now_ms();
 		PGresult *r = run(s, ST_CLAIM_NEW, cp.vals, cp.lens, cp.fmts,
 				  1);
 		if (exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "claim")) {
@@ -672,6 +675,7 @@ static int claim_once(store *s, const claim_req *req, bool existing,
 		PQclear(r);
 		if (inserted == 1) {
 			store_claim_fresh(req, out);
+			out->asked_ms = asked;
 			return 0;
 		}
 	}
