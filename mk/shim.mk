@@ -1,0 +1,8 @@
+# Test aids preloaded into the proxy (LD_PRELOAD): a resolver that answers
+# one host name slowly, or only once a gate file is gone
+# (tests/shim/slow_resolver.c). Built on demand by the tests that use it.
+$(BUILD)/slow_resolver.so: tests/shim/slow_resolver.c | $(BUILD)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -o $@ $< -ldl -lpthread
+
+.PHONY: shim
+shim: $(BUILD)/slow_resolver.so
