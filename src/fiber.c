@@ -610,6 +610,9 @@ fiber_sched *fiber_sched_start(size_t stack_size)
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = s->evfd};
 	IP_ASSERT(epoll_ctl(s->ep, EPOLL_CTL_ADD, s->evfd, &ev) == 0);
 	IP_ASSERT(pthread_create(&s->thread, NULL, sched_main, s) == 0);
+	/* named so that tests and operators (top -H) find the serving
+	 * thread */
+	pthread_setname_np(s->thread, "ip-serve");
 	return s;
 }
 

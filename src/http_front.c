@@ -787,6 +787,7 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		front_free(f);
 		return NULL;
 	}
+	pthread_setname_np(f->watchdog, "ip-deadlines");
 	f->watch_started = true;
 	if (o->sched) {
 		const union MHD_DaemonInfo *di =

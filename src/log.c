@@ -133,6 +133,7 @@ static void flusher_start(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (!up)
 		return; /* then every line is written at once */
+	pthread_setname_np(t, "ip-log");
 	pthread_detach(t);
 	atexit(log_flush);
 	atomic_store(&flusher_up, true);

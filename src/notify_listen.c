@@ -113,6 +113,7 @@ notify_listen *notify_listen_start(const char *db_url,
 	n->ops = *ops;
 	IP_ASSERT(pipe(n->stop_pipe) == 0);
 	IP_ASSERT(pthread_create(&n->th, NULL, listen_main, n) == 0);
+	pthread_setname_np(n->th, "ip-listen");
 	return n;
 }
 

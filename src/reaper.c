@@ -162,6 +162,7 @@ reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	IP_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
+	pthread_setname_np(r->thread, "ip-reaper");
 	return r;
 }
 

@@ -215,6 +215,7 @@ record_retry *record_retry_start(const char *db_url,
 	pthread_mutex_init(&rr->mu, NULL);
 	pthread_cond_init(&rr->cv, NULL);
 	IP_ASSERT(pthread_create(&rr->thread, NULL, retry_main, rr) == 0);
+	pthread_setname_np(rr->thread, "ip-retry");
 	return rr;
 }
 

@@ -247,6 +247,7 @@ waiters *waiters_start(int max_waiters, const waiters_ops *ops)
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	IP_ASSERT(w->efd >= 0);
 	IP_ASSERT(pthread_create(&w->th, NULL, waiters_main, w) == 0);
+	pthread_setname_np(w->th, "ip-waiters");
 	metrics_set_waiters(0);
 	return w;
 }

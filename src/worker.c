@@ -179,9 +179,11 @@ worker_pool *worker_pool_start(int threads, int queue_size,
 			       const worker_ops *ops)
 {
 	worker_pool *p = pool_new(threads, queue_size, ops);
-	for (int i = 0; i < threads; i++)
+	for (int i = 0; i < threads; i++) {
 		IP_ASSERT(pthread_create(&p->threads[i], NULL, worker_thread,
 					 p) == 0);
+		pthread_setname_np(p->threads[i], "ip-worker");
+	}
 	return p;
 }
 
