@@ -9,6 +9,7 @@
 
 #include "busy.h"
 #include "fiber.h"
+#include "log.h"
 #include "store_batch.h"
 #include "worker.h"
 
@@ -482,6 +483,10 @@ void metrics_render(ip_buf *out)
 				merged_hist(&h_wait, H_WAIT)};
 	for (int i = 0; i < N_HIST; i++)
 		render_histogram(out, &hs[i]);
+	render_scalar(out, "idemproxy_log_lines_dropped_total", "counter",
+		      "Log lines dropped because stderr was not read and the "
+		      "log buffer was full.",
+		      (double)log_lines_dropped());
 	render_scalar(out, "idemproxy_loop_lag_seconds", "gauge",
 		      "How late the serving loop (libmicrohttpd, the workers' "
 		      "fibers, the batch lanes) is in coming round: 0 while "
