@@ -12,8 +12,9 @@
  * Every other name goes to the real getaddrinfo. libpq 15 resolves with
  * getaddrinfo only; gethostbyname and gethostbyname_r are answered as well
  * (and gethostbyname2_r for AF_INET) for anything else that may use them. Each lookup of the name is counted
- * in IDEMPROXY_SHIM_COUNT (a file that gets one line per lookup, with the
- * thread id), so a test can see which thread resolved. Thread-safe: no
+ * in IDEMPROXY_SHIM_COUNT (a file that gets one line per lookup as it
+ * starts: the thread's id and name), so a test can see which thread
+ * resolved. Thread-safe: no
  * state but the environment, read once, and per-call buffers. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -28,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -75,8 +77,11 @@ static void note_lookup(void)
 		      0644);
 	if (fd < 0)
 		return;
+	char name[17] = "";
+	prctl(PR_GET_NAME, name, 0, 0, 0);
 	char line[64];
-	int n = snprintf(line, sizeof line, "%ld\n", (long)syscall(SYS_gettid));
+	int n = snprintf(line, sizeof line, "%ld %s\n",
+			 (long)syscall(SYS_gettid), name);
 	if (write(fd, line, (size_t)n) < 0) {
 		/* nothing to do: the count is a test aid */
 	}
