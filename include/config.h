@@ -91,6 +91,7 @@ typedef struct config {
 					    whole head; then 408 and close */
 	int64_t request_body_timeout_ms; /* from the head to the whole body */
 	int64_t busy_poll_ms; /* 0 = off; see busy.h */
+	int64_t loop_stall_max_ms; /* serving loop late by more: not ready */
 	enum log_level log_level;
 	int64_t log_flush_ms; /* 0 = every line written at once; see log.h */
 	bool log_json;

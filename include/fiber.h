@@ -76,6 +76,13 @@ typedef struct fiber_poll_hooks {
 } fiber_poll_hooks;
 void fiber_sched_set_poll(fiber_sched *s, fiber_poll_hooks *hooks);
 
+/* The heartbeat: how late the scheduler's loop is, in ms (0 while it is
+ * running or sleeping as planned). The loop sleeps at most FIBER_BEAT_MS at
+ * a time, so a thread stopped anywhere (a blocking call, long CPU work, a
+ * debugger) shows here within that. From any thread. */
+#define FIBER_BEAT_MS 250
+double fiber_sched_lag_ms(fiber_sched *s);
+
 /* Runs fn(arg) on the scheduler's thread, between fibers, and returns when
  * it has. From the scheduler's own thread (outside a fiber) it runs at
  * once. */

@@ -1,22 +1,34 @@
-/* Level-filtered logging to stderr, as JSON lines or text. Info and debug
- * lines (the per-request lines among them) are buffered and written in
- * large writes, log_flush_interval after the first of them or when 64 KiB
- * are waiting; a warning or an error is written at once, after what is
- * buffered. What is buffered at exit() or a return from main is written
- * (atexit); call log_flush before _exit. */
+/* Level-filtered logging to stderr, as JSON lines or text. Every line goes
+ * through a bounded buffer that one writer thread writes out, so no other
+ * thread ever waits for stderr: info and debug lines (the per-request
+ * lines among them) log_flush_interval after the first of them, or once
+ * half the buffer is waiting; a warning or an error at once, after what is
+ * buffered. When stderr is not read and the buffer is full, lines are
+ * dropped and counted (log_lines_dropped), and a line says how many once
+ * writing resumes. What is buffered at exit() or a return from main is
+ * written (atexit), within LOG_FLUSH_DEADLINE_MS; call log_flush before
+ * _exit. */
 #ifndef IDEMPROXY_LOG_H
 #define IDEMPROXY_LOG_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "config.h"
 
 #define LOG_FLUSH_MS_DEFAULT 100
 
-/* flush_ms 0: every line is written at once. */
+/* The longest log_flush waits for a writer stuck on a reader that does
+ * not read. */
+#define LOG_FLUSH_DEADLINE_MS 2000
+
+/* flush_ms 0: every line is handed to the writer at once. */
 void log_setup(enum log_level level, bool json, int64_t flush_ms);
-/* Writes what is buffered; returns when it is written. */
+/* Writes what is buffered; returns when it is written, or after
+ * LOG_FLUSH_DEADLINE_MS. */
 void log_flush(void);
+/* Lines dropped because the buffer was full, since the start. */
+uint64_t log_lines_dropped(void);
 bool log_enabled(enum log_level level);
 
 /* A free-form event line: msg plus optional "k=v" pairs rendered as fields. */

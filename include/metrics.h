@@ -43,6 +43,13 @@ void metrics_wait_outcome(const char *route, const char *outcome);
 struct worker_pool;
 void metrics_set_worker_pool(struct worker_pool *p);
 
+/* The serving loop whose lag idemproxy_loop_lag_seconds shows (NULL:
+ * none, set before the scheduler stops). metrics_loop_lag_ms gives that
+ * lag to /readyz: false when there is no loop. */
+struct fiber_sched;
+void metrics_set_loop(struct fiber_sched *s);
+bool metrics_loop_lag_ms(double *lag_ms);
+
 /* The batches whose queues the gauges show (NULL: none, set before they
  * are freed). */
 struct store_batch;

@@ -10,6 +10,7 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ struct admin {
 	void *forget_arg;
 	store_admin *st;
 	pthread_mutex_t mu;
+	atomic_bool loop_stalled; /* as the last /readyz saw it */
 };
 
 /* Per request: the raw target (MHD's url argument is already
@@ -534,9 +536,43 @@ static enum MHD_Result get_only(struct MHD_Connection *conn,
 			    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
 }
 
+/* A serving loop later than loop_stall_max (a blocking call, long CPU
+ * work, a stopped thread) answers no client: not ready. Logged when it
+ * begins and ends, not at every probe. */
+static bool loop_stalled(admin *a, char *err, size_t errlen)
+{
+	double lag;
+	if (!metrics_loop_lag_ms(&lag))
+		return false;
+	config *cfg = a->get_config(a->arg);
+	int64_t max = cfg->loop_stall_max_ms;
+	config_unref(cfg);
+	bool stalled = lag > (double)max;
+	if (atomic_exchange(&a->loop_stalled, stalled) != stalled) {
+		if (stalled)
+			log_warn("serving loop stalled: not ready",
+				 "lag_ms=%.0f loop_stall_max_ms=%lld", lag,
+				 (long long)max);
+		else
+			log_info("serving loop running again: ready",
+				 NULL);
+	}
+	if (stalled)
+		snprintf(err, errlen,
+			 "serving loop stalled for %.3f s (loop_stall_max "
+			 "%lld ms)",
+			 lag / 1000.0, (long long)max);
+	return stalled;
+}
+
 static enum MHD_Result handle_ready(admin *a, struct MHD_Connection *conn)
 {
 	char err[512];
+	if (loop_stalled(a, err, sizeof err)) {
+		ip_buf b = {0};
+		ip_buf_printf(&b, "not ready: %s\n", err);
+		return reply(conn, 503, "text/plain", &b, NULL, NULL);
+	}
 	lock_store(a);
 	int rc = store_admin_ready(a->st, store_expected_version(), err,
 				   sizeof err);

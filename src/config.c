@@ -1018,6 +1018,11 @@ static const cfg_opt cfg_top[] = {
 	 .off = C_(request_body_timeout_ms), .reload = CFG_APPLY},
 	{.name = "busy_poll", .conv = cfg_conv_duration, .def = "\"0ms\"",
 	 .min = 0, .max = 100, .off = C_(busy_poll_ms), .reload = CFG_APPLY},
+	/* How late the serving loop's heartbeat may be before /readyz fails
+	 * (fiber.h: the loop beats at least every FIBER_BEAT_MS). */
+	{.name = "loop_stall_max", .conv = cfg_conv_duration,
+	 .def = "\"2s\"", .min = 100, .max = CFG_MS_HOUR,
+	 .off = C_(loop_stall_max_ms), .reload = CFG_APPLY},
 	{.name = "log_level", .conv = cfg_conv_enum, .def = "\"info\"",
 	 .off = C_(log_level), .choices = cfg_log_levels, .reload = CFG_APPLY},
 	{.name = "log_format", .conv = cfg_conv_flag, .def = "\"json\"",

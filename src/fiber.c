@@ -109,6 +109,10 @@ struct fiber_sched {
 	bool src_ready;
 	atomic_bool src_poked; /* fiber_sched_poke_source, from any thread */
 	atomic_bool sleeping;
+	/* When the loop is due to come round again (ip_now_ms's clock): now
+	 * while it runs, the end of its sleep while it sleeps. Read by other
+	 * threads (fiber_sched_lag_ms). */
+	_Atomic double due_ms;
 	atomic_int live;
 	atomic_bool joining;
 	fiber **waiting; /* fibers with a deadline */
@@ -530,6 +534,8 @@ static void *sched_main(void *arg)
 #endif
 	struct epoll_event evs[64];
 	for (;;) {
+		atomic_store_explicit(&s->due_ms, ip_now_ms(),
+				      memory_order_relaxed);
 		take_calls(s);
 		take_remote(s);
 		while (s->run_head) {
@@ -553,6 +559,8 @@ static void *sched_main(void *arg)
 			/* busy polling: look without sleeping */
 			int n = 0;
 			double t0 = ip_now_ms();
+			atomic_store_explicit(&s->due_ms, deadline,
+					      memory_order_relaxed);
 			while (!remote_pending(s) &&
 			       (n = epoll_wait(s->ep, evs, 64, 0)) == 0 &&
 			       ip_now_ms() < deadline)
@@ -570,6 +578,13 @@ static void *sched_main(void *arg)
 			if (remote_pending(s))
 				timeout = 0;
 		}
+		/* The heartbeat: even with nothing to do the loop comes round
+		 * every FIBER_BEAT_MS, so that a thread stopped in its sleep
+		 * shows as late too. */
+		if (timeout < 0 || timeout > FIBER_BEAT_MS)
+			timeout = FIBER_BEAT_MS;
+		atomic_store_explicit(&s->due_ms, ip_now_ms() + timeout,
+				      memory_order_relaxed);
 		int n = epoll_wait(s->ep, evs, 64, timeout);
 		atomic_store(&s->sleeping, false);
 		handle_events(s, evs, n);
@@ -586,6 +601,7 @@ fiber_sched *fiber_sched_start(size_t stack_size)
 	s->stack_size = (stack_size + page - 1) & ~(page - 1);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->calls_cv, NULL);
+	atomic_init(&s->due_ms, ip_now_ms());
 	s->ep = epoll_create1(EPOLL_CLOEXEC);
 	s->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	IP_ASSERT(s->ep >= 0 && s->evfd >= 0);
@@ -697,6 +713,13 @@ void fiber_sched_set_source(fiber_sched *s, const fiber_source *src)
 {
 	set_src a = {s, src};
 	fiber_sched_call(s, do_set_source, &a);
+}
+
+double fiber_sched_lag_ms(fiber_sched *s)
+{
+	double lag = ip_now_ms() - atomic_load_explicit(&s->due_ms,
+							memory_order_relaxed);
+	return lag > 0 ? lag : 0;
 }
 
 void fiber_sched_join(fiber_sched *s)

@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -726,6 +727,19 @@ static int64_t daemon_timeout(void *arg)
 	return ms > INT32_MAX ? INT32_MAX : (int64_t)ms;
 }
 
+/* libmicrohttpd's own messages (MHD_USE_ERROR_LOG) would go to stderr
+ * with fprintf, on the serving thread: through the log's buffer instead,
+ * so a reader that stops reading cannot block the loop (log.h). */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char msg[512];
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	size_t n = strlen(msg);
+	while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+		msg[--n] = '\0';
+	log_warn("libmicrohttpd", "%s", msg);
+}
+
 http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss;
@@ -758,6 +772,7 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		(struct sockaddr *)&ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
 		MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
+		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, f,
 		MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
 		MHD_OPTION_PER_IP_CONNECTION_LIMIT,
 		(unsigned)o->max_connections_per_ip,

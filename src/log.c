@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <limits.h>
+#include <poll.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -22,23 +24,35 @@ static _Atomic int64_t g_flush_ms = LOG_FLUSH_MS_DEFAULT;
 
 static const char *level_names[] = {"error", "warn", "info", "debug"};
 
-/* The buffer. Info and debug lines are appended to `fill` under fill_mu,
- * a memcpy; the write(2)s are made under out_mu, which swaps the halves
- * (taking fill_mu for the swap only), so a thread appending waits for a
- * write only when the half it appends to is full while the other one is
- * still being written. out_mu is always taken before fill_mu. Every write
- * is of whole lines, so lines from different threads never interleave. */
-#define LOG_BUF_SIZE (64 * 1024)
+/* The buffer, and the one thread that writes it (ip-log). Lines are
+ * appended to `fill` under fill_mu, a memcpy; the writer swaps the halves
+ * and writes the full one with no lock held, so only the writer ever
+ * waits for stderr. A reader that stops reading (journald, a container
+ * runtime, a full pipe) stops the writer alone: once `fill` is full too,
+ * lines are dropped and counted, never waited for, so the serving loop
+ * never blocks on a log line. The writer reports the count in a line of
+ * its own once a write goes through again. Every write is of whole lines,
+ * so lines from different threads never interleave. */
+#define LOG_BUF_SIZE (256 * 1024)
 
 static pthread_mutex_t fill_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t out_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t fill_cv; /* monotonic; set up by flusher_start */
+static pthread_cond_t fill_cv; /* the writer waits; monotonic */
+static pthread_cond_t done_cv; /* log_flush waits; monotonic */
 static char halves[2][LOG_BUF_SIZE];
 static char *fill = halves[0];	/* under fill_mu */
 static size_t fill_len;		/* under fill_mu */
-static char *spare = halves[1]; /* under out_mu */
-static pthread_once_t flusher_once = PTHREAD_ONCE_INIT;
-static atomic_bool flusher_up;
+static char *spare = halves[1]; /* the writer's */
+static bool urgent;		/* under fill_mu: write without waiting */
+static bool writing;		/* under fill_mu: a write is in progress */
+static uint64_t writes_done;	/* under fill_mu */
+static uint64_t flush_gave_up = UINT64_MAX; /* under fill_mu */
+static uint64_t unreported;	/* under fill_mu: dropped, not yet said */
+static _Atomic uint64_t dropped_total;
+static pthread_once_t writer_once = PTHREAD_ONCE_INIT;
+static atomic_bool writer_up;
+/* Without a writer thread (it could not start) lines are written by the
+ * thread that logs them, one at a time. */
+static pthread_mutex_t direct_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* A failed write (stderr closed, EPIPE) drops what it held: there is
  * nowhere else to put it. */
@@ -56,24 +70,9 @@ static void write_all(const char *p, size_t n)
 	}
 }
 
-/* With out_mu held. */
-static void flush_out(void)
+uint64_t log_lines_dropped(void)
 {
-	pthread_mutex_lock(&fill_mu);
-	char *full = fill;
-	size_t n = fill_len;
-	fill = spare;
-	fill_len = 0;
-	pthread_mutex_unlock(&fill_mu);
-	spare = full;
-	write_all(full, n);
-}
-
-void log_flush(void)
-{
-	pthread_mutex_lock(&out_mu);
-	flush_out();
-	pthread_mutex_unlock(&out_mu);
+	return atomic_load_explicit(&dropped_total, memory_order_relaxed);
 }
 
 static void deadline_after(struct timespec *t, int64_t ms)
@@ -86,92 +85,167 @@ static void deadline_after(struct timespec *t, int64_t ms)
 	}
 }
 
-/* Sleeps while the buffer is empty (no wake-ups when idle); once a line
- * is in it, writes it out log_flush_interval later. */
-static void *flusher(void *arg)
+/* With fill_mu held and a line waiting: returns log_flush_interval after
+ * the first line came, or at once when something asks for it. */
+static void wait_interval(void)
+{
+	struct timespec t0;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (!urgent) {
+		/* Read again after each wake: a reload may shorten it. */
+		struct timespec until = t0;
+		deadline_after(&until, atomic_load_explicit(
+					       &g_flush_ms, memory_order_relaxed));
+		if (pthread_cond_timedwait(&fill_cv, &fill_mu, &until) ==
+		    ETIMEDOUT)
+			return;
+	}
+}
+
+/* Says how many lines were dropped since the last report, in the half
+ * just emptied: after the lines written before the drops, before those
+ * that come after (a line that is itself dropped is counted again). */
+static void report_dropped(uint64_t n)
+{
+	if (n == 0)
+		return;
+	log_event(LOG_WARN, "log lines dropped",
+		  "count=%llu reason=\"stderr was not read; the buffer was "
+		  "full\"",
+		  (unsigned long long)n);
+}
+
+static void *writer_main(void *arg)
 {
 	(void)arg;
 	pthread_mutex_lock(&fill_mu);
 	for (;;) {
 		while (fill_len == 0)
 			pthread_cond_wait(&fill_cv, &fill_mu);
-		struct timespec t0;
-		clock_gettime(CLOCK_MONOTONIC, &t0);
-		for (;;) {
-			/* Read again after each wake: a reload may shorten it. */
-			struct timespec until = t0;
-			deadline_after(&until, atomic_load_explicit(
-						       &g_flush_ms,
-						       memory_order_relaxed));
-			if (pthread_cond_timedwait(&fill_cv, &fill_mu,
-						   &until) == ETIMEDOUT ||
-			    fill_len == 0)
-				break;
-		}
+		wait_interval();
+		char *out = fill;
+		size_t n = fill_len;
+		fill = spare;
+		fill_len = 0;
+		urgent = false;
+		writing = true;
+		uint64_t lost = unreported;
+		unreported = 0;
 		pthread_mutex_unlock(&fill_mu);
-		log_flush();
+		report_dropped(lost);
+		write_all(out, n);
 		pthread_mutex_lock(&fill_mu);
+		spare = out;
+		writing = false;
+		writes_done++;
+		pthread_cond_broadcast(&done_cv);
 	}
 	return NULL;
 }
 
-/* Once, at the first buffered line. The thread blocks every signal: a
- * SIGTERM delivered to it would kill the process without the drain. The
- * lines still buffered when the process exits are written by atexit. */
-static void flusher_start(void)
+/* Once, at the first line. The thread blocks every signal: a SIGTERM
+ * delivered to it would kill the process without the drain. The lines
+ * still buffered when the process exits are written by atexit, within
+ * LOG_FLUSH_DEADLINE_MS. */
+static void writer_start(void)
 {
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&fill_cv, &ca);
+	pthread_cond_init(&done_cv, &ca);
 	pthread_condattr_destroy(&ca);
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	pthread_t t;
-	bool up = pthread_create(&t, NULL, flusher, NULL) == 0;
+	bool up = pthread_create(&t, NULL, writer_main, NULL) == 0;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (!up)
-		return; /* then every line is written at once */
+		return; /* then every line is written by its own thread */
 	pthread_setname_np(t, "ip-log");
 	pthread_detach(t);
 	atexit(log_flush);
-	atomic_store(&flusher_up, true);
+	atomic_store(&writer_up, true);
 }
 
-/* Appends one whole line; writes it at once (after what is buffered, so
- * the order holds) when `now` or when there is no flush interval. */
-static void put(const char *s, size_t n, bool now)
+/* A flush that found the writer stuck in one write does not wait again
+ * for that same write (exit's atexit flush after main's). */
+void log_flush(void)
 {
-	if (atomic_load_explicit(&g_flush_ms, memory_order_relaxed) == 0) {
-		now = true;
-	} else if (!now) {
-		pthread_once(&flusher_once, flusher_start);
-		now = !atomic_load(&flusher_up);
-	}
-	if (n > LOG_BUF_SIZE) {
-		pthread_mutex_lock(&out_mu);
-		flush_out();
-		write_all(s, n);
-		pthread_mutex_unlock(&out_mu);
+	if (!atomic_load(&writer_up))
+		return; /* nothing is buffered without the writer */
+	struct timespec until;
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	deadline_after(&until, LOG_FLUSH_DEADLINE_MS);
+	pthread_mutex_lock(&fill_mu);
+	if (writing && writes_done == flush_gave_up) {
+		pthread_mutex_unlock(&fill_mu);
 		return;
 	}
-	for (;;) {
-		pthread_mutex_lock(&fill_mu);
-		if (fill_len + n <= LOG_BUF_SIZE) {
-			bool first = fill_len == 0;
-			memcpy(fill + fill_len, s, n);
-			fill_len += n;
-			pthread_mutex_unlock(&fill_mu);
-			if (now)
-				log_flush();
-			else if (first)
-				pthread_cond_signal(&fill_cv);
-			return;
+	urgent = true;
+	pthread_cond_signal(&fill_cv);
+	while (fill_len > 0 || writing) {
+		if (pthread_cond_timedwait(&done_cv, &fill_mu, &until) ==
+		    ETIMEDOUT) {
+			flush_gave_up = writes_done;
+			break;
 		}
-		pthread_mutex_unlock(&fill_mu);
-		log_flush(); /* full: write it, then append to the empty half */
 	}
+	pthread_mutex_unlock(&fill_mu);
+}
+
+/* A line to be written at once is written by its own thread while that
+ * cannot block: nothing is buffered before it (fill_mu held, the writer
+ * idle), it fits in one atomic pipe write, and stderr has room for it now
+ * (a pipe with a free page, a file, a socket under a quarter full). Then
+ * it is on stderr when the call returns, as a reader tailing the log
+ * expects; otherwise it goes through the writer. */
+static bool write_now_ok(size_t n)
+{
+	if (n > PIPE_BUF)
+		return false;
+	struct pollfd p = {.fd = STDERR_FILENO, .events = POLLOUT};
+	return poll(&p, 1, 0) == 1;
+}
+
+/* Appends one whole line, or drops it when the buffer is full; `now`
+ * (warnings, errors, no flush interval) wakes the writer at once, and so
+ * does a buffer half full, so that a burst is written before it fills. */
+static void put(const char *s, size_t n, bool now)
+{
+	pthread_once(&writer_once, writer_start);
+	if (!atomic_load(&writer_up)) {
+		pthread_mutex_lock(&direct_mu);
+		write_all(s, n);
+		pthread_mutex_unlock(&direct_mu);
+		return;
+	}
+	if (atomic_load_explicit(&g_flush_ms, memory_order_relaxed) == 0)
+		now = true;
+	pthread_mutex_lock(&fill_mu);
+	if (now && fill_len == 0 && !writing && write_now_ok(n)) {
+		write_all(s, n);
+		pthread_mutex_unlock(&fill_mu);
+		return;
+	}
+	if (n > LOG_BUF_SIZE - fill_len) {
+		unreported++;
+		atomic_fetch_add_explicit(&dropped_total, 1,
+					  memory_order_relaxed);
+		pthread_mutex_unlock(&fill_mu);
+		return;
+	}
+	bool first = fill_len == 0;
+	memcpy(fill + fill_len, s, n);
+	fill_len += n;
+	if (now || fill_len >= LOG_BUF_SIZE / 2) {
+		urgent = true;
+		pthread_cond_signal(&fill_cv);
+	} else if (first) {
+		pthread_cond_signal(&fill_cv);
+	}
+	pthread_mutex_unlock(&fill_mu);
 }
 
 void log_setup(enum log_level level, bool json, int64_t flush_ms)
@@ -179,14 +253,13 @@ void log_setup(enum log_level level, bool json, int64_t flush_ms)
 	atomic_store_explicit(&g_level, (int)level, memory_order_relaxed);
 	atomic_store_explicit(&g_json, json, memory_order_relaxed);
 	atomic_store_explicit(&g_flush_ms, flush_ms, memory_order_relaxed);
-	if (atomic_load(&flusher_up)) {
+	if (atomic_load(&writer_up)) {
 		/* A shorter interval applies to the lines already waiting. */
 		pthread_mutex_lock(&fill_mu);
+		urgent = urgent || flush_ms == 0;
 		pthread_cond_signal(&fill_cv);
 		pthread_mutex_unlock(&fill_mu);
 	}
-	if (flush_ms == 0)
-		log_flush();
 }
 
 bool log_enabled(enum log_level level)

@@ -322,6 +322,13 @@ static int serve(config *cfg)
 	running.pool = pool;
 	if (batch)
 		store_batch_start(batch, worker_pool_sched(pool));
+	/* With a thread per worker, libmicrohttpd still runs on a scheduler
+	 * of its own (no fibers): one serving loop in both models, named
+	 * and with a heartbeat (fiber.h), where /readyz sees a stall. */
+	fiber_sched *front_sched =
+		worker_pool_sched(pool) ? NULL : fiber_sched_start(64 * 1024);
+	fiber_sched *loop = front_sched ? front_sched : worker_pool_sched(pool);
+	metrics_set_loop(loop);
 	metrics_set_worker_pool(pool);
 	metrics_set_store_batch(batch);
 	export_routes(cfg);
@@ -336,11 +343,14 @@ static int serve(config *cfg)
 		.fast = proxy_fast_path,
 		.fast_arg = &shared,
 		/* with fibers, the front end runs on their thread */
-		.sched = worker_pool_sched(pool),
+		.sched = loop,
 	};
 	http_front *front = http_front_start(&fo, err, sizeof err);
 	if (!front) {
 		fprintf(stderr, "idemproxy: %s\n", err);
+		metrics_set_loop(NULL);
+		if (front_sched)
+			fiber_sched_join(front_sched);
 		metrics_set_worker_pool(NULL);
 		metrics_set_store_batch(NULL);
 		store_batch_stop(batch);
@@ -390,6 +400,9 @@ static int serve(config *cfg)
 		_exit(0);
 	}
 	http_front_stop(front);
+	metrics_set_loop(NULL);
+	if (front_sched)
+		fiber_sched_join(front_sched);
 	admin_stop(adm);
 	reaper_stop(rp);
 	metrics_set_worker_pool(NULL);

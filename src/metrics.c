@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "busy.h"
+#include "fiber.h"
+#include "log.h"
 #include "offload.h"
 #include "store_batch.h"
 #include "worker.h"
@@ -174,6 +176,25 @@ void metrics_set_worker_pool(struct worker_pool *p)
 	pthread_mutex_lock(&mu);
 	g_pool = p;
 	pthread_mutex_unlock(&mu);
+}
+
+static struct fiber_sched *g_loop;
+
+void metrics_set_loop(struct fiber_sched *s)
+{
+	pthread_mutex_lock(&mu);
+	g_loop = s;
+	pthread_mutex_unlock(&mu);
+}
+
+bool metrics_loop_lag_ms(double *lag_ms)
+{
+	pthread_mutex_lock(&mu);
+	bool known = g_loop != NULL;
+	if (known)
+		*lag_ms = fiber_sched_lag_ms(g_loop);
+	pthread_mutex_unlock(&mu);
+	return known;
 }
 
 static struct store_batch *g_batch;
@@ -486,6 +507,15 @@ void metrics_render(ip_buf *out)
 				merged_hist(&h_wait, H_WAIT)};
 	for (int i = 0; i < N_HIST; i++)
 		render_histogram(out, &hs[i]);
+	render_scalar(out, "idemproxy_log_lines_dropped_total", "counter",
+		      "Log lines dropped because stderr was not read and the "
+		      "log buffer was full.",
+		      (double)log_lines_dropped());
+	render_scalar(out, "idemproxy_loop_lag_seconds", "gauge",
+		      "How late the serving loop (libmicrohttpd, the workers' "
+		      "fibers, the batch lanes) is in coming round: 0 while "
+		      "it keeps up; above loop_stall_max, /readyz fails.",
+		      g_loop ? fiber_sched_lag_ms(g_loop) / 1000.0 : 0.0);
 	int queued = 0, active = 0;
 	if (g_pool)
 		worker_pool_counts(g_pool, &queued, &active);

@@ -9,6 +9,7 @@
 #include "fiber.h"
 #include "log.h"
 #include "metrics.h"
+#include "pg_resolve.h"
 
 void pg_link_init(pg_link *l, const char *url, const char *app,
 		  int64_t statement_timeout_ms)
@@ -170,14 +171,20 @@ PGresult *pg_link_exec_params(pg_link *l, const char *sql, int n,
 
 /* PQconnectdbParams, waiting through the scheduler on a fiber. libpq
  * ignores connect_timeout when polled: the deadline is ours, from the
- * connection's own setting. */
+ * connection's own setting. Its host names are looked up first, off the
+ * serving thread (pg_resolve.h): PQconnectStartParams gets addresses. */
 static PGconn *connect_params(const char *const *keys,
-			      const char *const *vals, const char **why)
+			      const char *const *vals, char *why,
+			      size_t whylen)
 {
-	*why = NULL;
+	why[0] = '\0';
 	if (!fiber_current())
 		return PQconnectdbParams(keys, vals, 1);
-	PGconn *c = PQconnectStartParams(keys, vals, 1);
+	pg_resolved rs;
+	if (pg_resolve_params(keys, vals, &rs, why, whylen))
+		return NULL;
+	PGconn *c = PQconnectStartParams(rs.keys, rs.vals, 1);
+	pg_resolved_free(&rs);
 	if (!c || PQstatus(c) == CONNECTION_BAD)
 		return c;
 	double deadline = -1;
@@ -192,7 +199,7 @@ static PGconn *connect_params(const char *const *keys,
 		int ev = st == PGRES_POLLING_READING ? FIBER_IN : FIBER_OUT;
 		if (!fiber_wait_fd(PQsocket(c), ev, deadline)) {
 			/* libpq's own words for it */
-			*why = "timeout expired";
+			snprintf(why, whylen, "timeout expired");
 			PQfinish(c);
 			return NULL;
 		}
@@ -236,12 +243,12 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 			      "application_name", "dbname", NULL};
 	const char *vals[] = {"3", "1", "10", "5", "3", "10000", l->app,
 			      l->url, NULL};
-	const char *why;
-	PGconn *c = connect_params(keys, vals, &why);
+	char why[320];
+	PGconn *c = connect_params(keys, vals, why, sizeof why);
 	if (!c || PQstatus(c) != CONNECTION_OK) {
 		pg_link_err(err, errlen, "connect",
 			    c ? PQerrorMessage(c)
-			      : why ? why : "out of memory");
+			      : why[0] ? why : "out of memory");
 		if (c)
 			PQfinish(c);
 		mark_down(l, err);

@@ -8,12 +8,15 @@
  *                                         (optional: a test holds the
  *                                         lookup as long as it likes and
  *                                         releases it by removing the file)
+ *   IDEMPROXY_SHIM_FREE=main,other        threads with these names are
+ *                                         answered at once (optional)
  *
  * Every other name goes to the real getaddrinfo. libpq 15 resolves with
  * getaddrinfo only; gethostbyname and gethostbyname_r are answered as well
  * (and gethostbyname2_r for AF_INET) for anything else that may use them. Each lookup of the name is counted
- * in IDEMPROXY_SHIM_COUNT (a file that gets one line per lookup, with the
- * thread id), so a test can see which thread resolved. Thread-safe: no
+ * in IDEMPROXY_SHIM_COUNT (a file that gets one line per lookup as it
+ * starts: the thread's id and name), so a test can see which thread
+ * resolved. Thread-safe: no
  * state but the environment, read once, and per-call buffers. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -28,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -38,7 +42,7 @@ typedef int (*gai_fn)(const char *, const char *, const struct addrinfo *,
 typedef void (*fai_fn)(struct addrinfo *);
 
 static struct {
-	const char *host, *gate, *count;
+	const char *host, *gate, *count, *free_threads;
 	struct in_addr addr;
 	long delay_ms;
 	gai_fn real_gai;
@@ -53,6 +57,7 @@ static void shim_init(void)
 	shim.host = getenv("IDEMPROXY_SHIM_HOST");
 	shim.gate = getenv("IDEMPROXY_SHIM_GATE");
 	shim.count = getenv("IDEMPROXY_SHIM_COUNT");
+	shim.free_threads = getenv("IDEMPROXY_SHIM_FREE");
 	const char *a = getenv("IDEMPROXY_SHIM_ADDR");
 	if (!a || inet_pton(AF_INET, a, &shim.addr) != 1)
 		shim.addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -67,6 +72,32 @@ static void sleep_ms(long ms)
 		;
 }
 
+static void thread_name(char name[17])
+{
+	memset(name, 0, 17);
+	prctl(PR_GET_NAME, name, 0, 0, 0);
+}
+
+/* Is the calling thread one of IDEMPROXY_SHIM_FREE's? */
+static int thread_free(void)
+{
+	if (!shim.free_threads)
+		return 0;
+	char name[17];
+	thread_name(name);
+	size_t n = strlen(name);
+	for (const char *p = shim.free_threads; *p;) {
+		const char *e = strchr(p, ',');
+		size_t len = e ? (size_t)(e - p) : strlen(p);
+		if (len == n && strncmp(p, name, n) == 0)
+			return 1;
+		if (!e)
+			break;
+		p = e + 1;
+	}
+	return 0;
+}
+
 static void note_lookup(void)
 {
 	if (!shim.count)
@@ -75,8 +106,11 @@ static void note_lookup(void)
 		      0644);
 	if (fd < 0)
 		return;
+	char name[17];
+	thread_name(name);
 	char line[64];
-	int n = snprintf(line, sizeof line, "%ld\n", (long)syscall(SYS_gettid));
+	int n = snprintf(line, sizeof line, "%ld %s\n",
+			 (long)syscall(SYS_gettid), name);
 	if (write(fd, line, (size_t)n) < 0) {
 		/* nothing to do: the count is a test aid */
 	}
@@ -90,6 +124,8 @@ static int shim_hold(const char *name)
 	if (!name || !shim.host || strcasecmp(name, shim.host) != 0)
 		return 0;
 	note_lookup();
+	if (thread_free())
+		return 1;
 	if (shim.delay_ms > 0)
 		sleep_ms(shim.delay_ms);
 	while (shim.gate && access(shim.gate, F_OK) == 0)
