@@ -19,6 +19,7 @@ typedef struct waiter {
 	uint8_t scope[WAKE_SCOPE_LEN];
 	double recheck_ms;
 	uint64_t seq;
+	bool read_closed; /* the client shut down its sending side */
 	struct waiter *prev, *next;
 } waiter;
 
@@ -161,8 +162,11 @@ static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
 	for (x = w->head; x; x = x->next) {
 		if (x->j->client_fd < 0)
 			continue;
-		/* Not POLLIN: a pipelined next request is no hang-up. */
-		s->pfd[n] = (struct pollfd){x->j->client_fd, POLLRDHUP, 0};
+		/* Not POLLIN: a pipelined next request is no hang-up. Once
+		 * the client has half-closed, only a reset or an error
+		 * (always reported) says it is gone. */
+		short ev = x->read_closed ? 0 : POLLRDHUP;
+		s->pfd[n] = (struct pollfd){x->j->client_fd, ev, 0};
 		s->seq[n++] = x->seq;
 	}
 	s->pfd[n] = (struct pollfd){w->efd, POLLIN, 0};
@@ -170,17 +174,25 @@ static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
 	return next;
 }
 
-/* With the lock held: the waiters whose clients hung up. */
+/* With the lock held: the waiters whose clients hung up. A FIN alone
+ * (POLLRDHUP) is not one: a client that shut down its sending side after
+ * the request (shutdown(SHUT_WR)) still reads its answer, and TCP cannot
+ * tell it from one that closed (that one is found when its answer is
+ * written, at the latest at wait_max). A reset or an error is. */
 static waiter *hung_up(waiters *w, const scratch *s, size_t n)
 {
 	waiter *gone = NULL;
 	for (size_t i = 0; i < n; i++) {
-		if (!(s->pfd[i].revents &
-		      (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+		short ev = s->pfd[i].revents;
+		if (!(ev & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
 			continue;
 		for (waiter *x = w->head; x; x = x->next) {
 			if (x->seq != s->seq[i])
 				continue;
+			if (!(ev & (POLLHUP | POLLERR | POLLNVAL))) {
+				x->read_closed = true;
+				break;
+			}
 			unlink_waiter(w, x);
 			x->next = gone;
 			gone = x;

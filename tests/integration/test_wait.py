@@ -3,7 +3,9 @@ answered with the original's response as soon as it is recorded, on
 whichever instance they wait, holding no worker while they wait."""
 import signal
 import socket
+import struct
 import threading
+import time
 
 import requests
 
@@ -280,6 +282,9 @@ def test_client_that_hangs_up_is_dropped_from_the_wait_list(make_proxy, stub):
               b"Content-Type: application/json\r\nIdempotency-Key: " + key.encode() +
               b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     wait_waiters(1, p)
+    # An abortive close (RST), as a client that gives up does: a plain
+    # close() is a FIN, which a half-closed client sends too.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     s.close()
     wait_waiters(0, p)
     # the gauge drops just before the outcome is counted
@@ -334,3 +339,87 @@ def test_sigterm_answers_every_waiter_then_finishes_the_original(make_proxy, stu
     assert p.stop() == 0
     assert pg.record(key)["state"] == "completed"
     assert stub.count(key=key) == 1
+
+
+def raw_wait_request(p, key, extra=b""):
+    """A waiting request on a raw socket (Prefer: wait on any route)."""
+    body = b'{"amount": 100}'
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=LONG)
+    s.sendall(b"POST " + PAY.encode() + b" HTTP/1.1\r\nHost: x\r\n"
+              b"Content-Type: application/json\r\nIdempotency-Key: " + key.encode() +
+              b"\r\n" + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return s
+
+
+def read_all(s):
+    out = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_client_that_half_closes_after_sending_gets_the_original_answer(make_proxy, stub):
+    # shutdown(SHUT_WR) says "no more requests", not "gone": the client
+    # still reads, and is owed the original's answer.
+    p = make_proxy(route_overrides=wait_routes())
+    key = new_key("halfclose")
+    orig = start_original(stub, p, key)
+    s = raw_wait_request(p, key, b"Connection: close\r\n")
+    wait_waiters(1, p)
+    s.shutdown(socket.SHUT_WR)
+    # The hang-up watch polls at once; give it the moment to see the
+    # half-close before the original completes (no timing is asserted).
+    time.sleep(0.5)
+    assert outcome(p, "create_payment", "client_gone") == 0
+    stub.release("orig")
+    first = orig.result()
+    assert first.status_code == 201
+    raw = read_all(s)
+    s.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 201"), raw[:200]
+    assert b"\r\nidempotent-replayed: true" in head.lower(), head
+    assert body == first.content
+    assert stub.count(key=key) == 1
+    assert outcome(p, "create_payment", "client_gone") == 0
+    assert outcome(p, "create_payment", "replayed") == 1
+
+
+def tenant_post(p, key, tenant):
+    return requests.post(p.url + PAY, json={"amount": 100},
+                         headers={"Idempotency-Key": key, "X-Tenant-Id": tenant},
+                         timeout=LONG)
+
+
+def test_one_tenant_cannot_take_every_waiting_place(make_proxy, stub):
+    p = make_proxy(route_overrides=wait_routes(tenant="header:X-Tenant-Id"),
+                   top={"max_waiters": 4, "max_waiters_per_tenant": 2})
+    ka, kb = new_key("tenant-a"), new_key("tenant-b")
+    stub.configure({"prefix": PAY, "key": ka, "gate": "a", "times": 1},
+                   {"prefix": PAY, "key": kb, "gate": "b", "times": 1})
+    orig_a = Bg(lambda: tenant_post(p, ka, "a"))
+    orig_b = Bg(lambda: tenant_post(p, kb, "b"))
+    stub.wait_for(1, key=ka)
+    stub.wait_for(1, key=kb)
+    dups_a = [Bg(lambda: tenant_post(p, ka, "a")) for _ in range(2)]
+    wait_waiters(2, p)
+    # A's share is full: its next duplicate is answered at once ...
+    r = tenant_post(p, ka, "a")
+    assert_problem(r, 409, "idempotency_key_in_use")
+    assert_retry_after(r)
+    assert outcome(p, "create_payment", "rejected_tenant_full") == 1
+    # ... while B, with places left in the pool, still waits.
+    dup_b = Bg(lambda: tenant_post(p, kb, "b"))
+    wait_waiters(3, p)
+    stub.release("b")
+    first_b = orig_b.result()
+    assert first_b.status_code == 201
+    assert_same_answer(dup_b.result(), first_b)
+    stub.release("a")
+    first_a = orig_a.result()
+    for d in dups_a:
+        assert_same_answer(d.result(), first_a)
+    assert stub.count(key=ka) == 1 and stub.count(key=kb) == 1
+    assert outcome(p, "create_payment", "rejected_full") == 0
