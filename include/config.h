@@ -82,6 +82,7 @@ typedef struct config {
 	int64_t replay_cache_size;  /* bytes; 0 disables the replay cache */
 	int64_t replay_cache_ttl_ms; /* longest a cached replay is trusted */
 	int max_waiters;     /* duplicates waiting at once; beyond -> 409 */
+	int max_waiters_per_tenant; /* of those, one tenant's; 0: half */
 	int64_t shutdown_grace_ms;
 	int64_t request_head_timeout_ms; /* from ready for a request to its
 					    whole head; then 408 and close */

@@ -1005,6 +1005,10 @@ static const cfg_opt cfg_top[] = {
 	{.name = "max_waiters", .conv = cfg_conv_int, .def = "1000",
 	 .min = 0, .max = 1048576, .off = C_(max_waiters),
 	 .reload = CFG_APPLY},
+	/* 0: half of max_waiters, so that one tenant never takes them all. */
+	{.name = "max_waiters_per_tenant", .conv = cfg_conv_int, .def = "0",
+	 .min = 0, .max = 1048576, .off = C_(max_waiters_per_tenant),
+	 .reload = CFG_APPLY},
 	{.name = "shutdown_grace", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_HOUR,
 	 .off = C_(shutdown_grace_ms), .reload = CFG_APPLY},

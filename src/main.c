@@ -195,7 +195,8 @@ static void apply_settings(const config *c)
 	busy_set_budget_ms(c->busy_poll_ms);
 	replay_cache_resize(running.cache, (size_t)c->replay_cache_size);
 	worker_pool_set_queue_size(running.pool, c->queue_size);
-	waiters_set_max(running.waiters, c->max_waiters);
+	waiters_set_max(running.waiters, c->max_waiters,
+			c->max_waiters_per_tenant);
 	reaper_configure(running.reaper, c->statement_timeout_ms,
 			 c->reaper_interval_ms, c->reaper_batch);
 }
@@ -255,7 +256,8 @@ static int serve(config *cfg)
 	record_retry *retry =
 		record_retry_start(db_url, cfg->statement_timeout_ms);
 	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
-	waiters *wt = waiters_start(cfg->max_waiters, &wops);
+	waiters *wt = waiters_start(cfg->max_waiters,
+				    cfg->max_waiters_per_tenant, &wops);
 	running.waiters = wt;
 	/* Batches need the fibers' scheduler; on Citus a claim stays the
 	 * delegated call of one tenant's shard. */

@@ -752,7 +752,7 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 		return WAIT_NOT;
 	double now = ip_now_ms();
 	if (j->wait_since_ms <= 0) {
-		if (!waiters_admit(w->waiters, j))
+		if (!waiters_admit(w->waiters, j, p->tenant))
 			return WAIT_NOT;
 		j->wait_since_ms = now;
 		j->wait_until_ms = now + (double)j->wait_ms;

@@ -27,6 +27,16 @@ typedef struct waiter {
  * not yet receive (it was marking its record) claims again at once. */
 #define RECENT 256
 
+/* Waiting places taken per tenant: buckets of a small chained table,
+ * entries made at the first admit and freed when the last one leaves. */
+#define TENANT_BUCKETS 256
+
+typedef struct tenant_slot {
+	struct tenant_slot *next;
+	int n;
+	char name[];
+} tenant_slot;
+
 /* A submit refused by a full queue is tried again after this long. */
 #define RESUBMIT_MS 20.0
 
@@ -36,6 +46,8 @@ struct waiters {
 	int parked;
 	atomic_int waiting; /* admitted: parked or claiming again */
 	atomic_int max;
+	int max_per_tenant; /* 0: half of max */
+	tenant_slot *tenants[TENANT_BUCKETS];
 	bool draining, stopping;
 	uint64_t gen;
 	struct {
@@ -249,12 +261,14 @@ static void *waiters_main(void *arg)
 	return NULL;
 }
 
-waiters *waiters_start(int max_waiters, const waiters_ops *ops)
+waiters *waiters_start(int max_waiters, int max_per_tenant,
+			const waiters_ops *ops)
 {
 	waiters *w = xcalloc(1, sizeof *w);
 	pthread_mutex_init(&w->mu, NULL);
 	atomic_init(&w->waiting, 0);
 	atomic_init(&w->max, max_waiters);
+	w->max_per_tenant = max_per_tenant;
 	w->ops = *ops;
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	IP_ASSERT(w->efd >= 0);
@@ -263,35 +277,106 @@ waiters *waiters_start(int max_waiters, const waiters_ops *ops)
 	return w;
 }
 
-void waiters_set_max(waiters *w, int max_waiters)
-{
-	atomic_store(&w->max, max_waiters);
-}
-
-bool waiters_admit(waiters *w, job *j)
+void waiters_set_max(waiters *w, int max_waiters, int max_per_tenant)
 {
 	pthread_mutex_lock(&w->mu);
-	bool draining = w->draining;
+	atomic_store(&w->max, max_waiters);
+	w->max_per_tenant = max_per_tenant;
 	pthread_mutex_unlock(&w->mu);
-	const char *why = draining ? "shutdown" : "rejected_full";
-	if (!draining) {
-		int n = atomic_fetch_add(&w->waiting, 1);
-		if (n < atomic_load(&w->max)) {
-			metrics_set_waiters(n + 1);
-			return true;
+}
+
+/* With the lock held. */
+static int per_tenant(const waiters *w)
+{
+	if (w->max_per_tenant > 0)
+		return w->max_per_tenant;
+	int half = (atomic_load(&w->max) + 1) / 2;
+	return half > 0 ? half : 1;
+}
+
+static tenant_slot **tenant_bucket(waiters *w, const char *tenant)
+{
+	uint32_t h = 2166136261u; /* FNV-1a */
+	for (const char *c = tenant; *c; c++)
+		h = (h ^ (uint8_t)*c) * 16777619u;
+	return &w->tenants[h % TENANT_BUCKETS];
+}
+
+/* With the lock held: the tenant's entry, made if it has none. */
+static tenant_slot *tenant_get(waiters *w, const char *tenant)
+{
+	tenant_slot **b = tenant_bucket(w, tenant);
+	for (tenant_slot *t = *b; t; t = t->next)
+		if (!strcmp(t->name, tenant))
+			return t;
+	size_t n = strlen(tenant);
+	tenant_slot *t = xcalloc(1, sizeof *t + n + 1);
+	memcpy(t->name, tenant, n + 1);
+	t->next = *b;
+	*b = t;
+	return t;
+}
+
+/* With the lock held: frees the entry once nobody of the tenant waits. */
+static void tenant_put(waiters *w, tenant_slot *t)
+{
+	if (t->n > 0)
+		return;
+	for (tenant_slot **p = tenant_bucket(w, t->name); *p; p = &(*p)->next)
+		if (*p == t) {
+			*p = t->next;
+			free(t);
+			return;
 		}
-		atomic_fetch_sub(&w->waiting, 1);
+}
+
+/* With the lock held: NULL when admitted, else the outcome to count. */
+static const char *admit_locked(waiters *w, job *j, const char *tenant)
+{
+	if (w->draining)
+		return "shutdown";
+	int n = atomic_load(&w->waiting);
+	if (n >= atomic_load(&w->max))
+		return "rejected_full";
+	tenant_slot *t = tenant_get(w, tenant);
+	if (t->n >= per_tenant(w)) {
+		tenant_put(w, t);
+		return "rejected_tenant_full";
 	}
+	atomic_store(&w->waiting, n + 1);
+	t->n++;
+	j->wait_slot = t;
+	metrics_set_waiters(n + 1);
+	return NULL;
+}
+
+bool waiters_admit(waiters *w, job *j, const char *tenant)
+{
+	pthread_mutex_lock(&w->mu);
+	const char *why = admit_locked(w, j, tenant);
+	int max = atomic_load(&w->max), per = per_tenant(w);
+	pthread_mutex_unlock(&w->mu);
+	if (!why)
+		return true;
 	metrics_wait_outcome(j->route_name, why);
 	log_info("duplicate not held: too many waiting", "request_id=%s "
-		 "route=%s outcome=%s max_waiters=%d", j->request_id,
-		 j->route_name, why, atomic_load(&w->max));
+		 "route=%s outcome=%s max_waiters=%d "
+		 "max_waiters_per_tenant=%d", j->request_id, j->route_name, why,
+		 max, per);
 	return false;
 }
 
 void waiters_leave(waiters *w, job *j, const char *outcome)
 {
+	pthread_mutex_lock(&w->mu);
+	tenant_slot *t = j->wait_slot;
+	j->wait_slot = NULL;
+	if (t) {
+		t->n--;
+		tenant_put(w, t);
+	}
 	int n = atomic_fetch_sub(&w->waiting, 1) - 1;
+	pthread_mutex_unlock(&w->mu);
 	metrics_set_waiters(n);
 	double waited = ip_now_ms() - j->wait_since_ms;
 	metrics_observe_wait_ms(waited);

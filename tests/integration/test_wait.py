@@ -190,7 +190,8 @@ def test_wait_max_expiry_gives_409_with_retry_after(make_proxy, stub):
 
 
 def test_max_waiters_overflow_is_answered_at_once(make_proxy, stub):
-    p = make_proxy(route_overrides=wait_routes(), top={"max_waiters": 2})
+    p = make_proxy(route_overrides=wait_routes(),
+                   top={"max_waiters": 2, "max_waiters_per_tenant": 2})
     key = new_key("full")
     orig = start_original(stub, p, key)
     dups = [Bg(lambda: post(p, key)) for _ in range(2)]
