@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "util.h"
+#include "wake.h"
 
 #define STORE_TOKEN_LEN 16
 
@@ -212,6 +213,13 @@ int store_schema_version(store *s, int *version, char *err,
 			 size_t errlen) IP_WUR;
 /* Applies the embedded migrations the database lacks; *applied counts them. */
 int store_migrate(store *s, int *applied, char *err, size_t errlen) IP_WUR;
+/* The secret that keys the NOTIFY payloads (migration 011), read once at
+ * start; every instance reads the same one. */
+int store_wake_key_read(store *s, wake_key *out, char *err,
+			size_t errlen) IP_WUR;
+/* Recording a record a waiter marked sends a NOTIFY named with wk (which
+ * must outlive s); without one, no NOTIFY is sent. */
+void store_set_wake_key(store *s, const wake_key *wk);
 /* The version this binary expects (the highest embedded migration). */
 int store_expected_version(void);
 

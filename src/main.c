@@ -157,7 +157,8 @@ static int cmd_reencrypt(config *cfg, int batch)
 	return rc == 0 ? 0 : 1;
 }
 
-static int check_schema(config *cfg)
+/* Also reads the secret the instances share for the NOTIFY payloads. */
+static int check_schema(config *cfg, wake_key *wk)
 {
 	char err[512];
 	store *s = store_new(cfg->db_url, cfg->statement_timeout_ms);
@@ -166,6 +167,9 @@ static int check_schema(config *cfg)
 	int rc = store_schema_version(s, &version, err, sizeof err);
 	if (!rc)
 		rc = store_layout_get(s, &layout, err, sizeof err);
+	bool current = !rc && version >= store_expected_version();
+	if (current)
+		rc = store_wake_key_read(s, wk, err, sizeof err);
 	store_free(s);
 	if (rc) {
 		fprintf(stderr, "idemproxy: cannot reach the database: %s\n",
@@ -228,7 +232,9 @@ static void reload(const char *file)
 
 static int serve(config *cfg)
 {
-	if (check_schema(cfg) || upstream_global_init()) {
+	/* Lives as long as every thread that names a wake-up. */
+	static wake_key wk;
+	if (check_schema(cfg, &wk) || upstream_global_init()) {
 		config_unref(cfg);
 		return 1;
 	}
@@ -254,7 +260,7 @@ static int serve(config *cfg)
 	 * reload has freed cfg: they get a copy of their own. */
 	char *db_url = xstrdup(cfg->db_url);
 	record_retry *retry =
-		record_retry_start(db_url, cfg->statement_timeout_ms);
+		record_retry_start(db_url, cfg->statement_timeout_ms, &wk);
 	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
 	waiters *wt = waiters_start(cfg->max_waiters,
 				    cfg->max_waiters_per_tenant, &wops);
@@ -266,7 +272,7 @@ static int serve(config *cfg)
 						 cfg->statement_timeout_ms)
 				     : NULL;
 	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cfg->db_citus,
-			       cache, retry, wt, batch};
+			       cache, retry, wt, batch, &wk};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;

@@ -27,6 +27,7 @@ typedef struct proxy_worker {
 	replay_cache *cache;
 	record_retry *retry;
 	waiters *waiters; /* NULL: duplicates never wait */
+	const wake_key *wake;
 	/* For the replay cache, about the job in hand: the forget generation
 	 * of its key, read before its claim, and its record's expiry as the
 	 * claim saw it (an upstream call may come between the two). */
@@ -51,6 +52,8 @@ void *proxy_worker_init(void *arg, int index)
 	w->waiters = sh->waiters;
 	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
 	store_set_distributed(w->st, sh->citus);
+	store_set_wake_key(w->st, sh->wake);
+	w->wake = sh->wake;
 	w->batch = sh->batch;
 	w->up = upstream_new();
 	char err[256];
@@ -627,7 +630,7 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	 * through the database's NOTIFY. */
 	if (rc == 0 && !fenced && w->waiters && waiters_any(w->waiters)) {
 		uint8_t scope[WAKE_SCOPE_LEN];
-		wake_scope(p->tenant, r->name, p->key, scope);
+		wake_scope(w->wake, p->tenant, r->name, p->key, scope);
 		waiters_wake(w->waiters, scope);
 	}
 }
@@ -777,7 +780,7 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 		return WAIT_ANSWERED;
 	}
 	uint8_t scope[WAKE_SCOPE_LEN];
-	wake_scope(p->tenant, r->name, p->key, scope);
+	wake_scope(w->wake, p->tenant, r->name, p->key, scope);
 	/* Just past the lease's end, the claim may take the key over. */
 	double recheck = marked ? t0 + (double)left + 1.0 : 0;
 	if (!waiters_park(w->waiters, j, scope, recheck, gen)) {

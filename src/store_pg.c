@@ -22,6 +22,7 @@ struct store {
 	bool citus;  /* the records are distributed: reaper works per shard */
 	bool many;   /* sends complete_many: many_settings */
 	ip_buf arr[9]; /* their array parameters */
+	const wake_key *wake; /* names the NOTIFY payloads; NULL: sends none */
 };
 
 /* Each statement, its name, parameter types (OIDs) and text. */
@@ -368,6 +369,11 @@ store *store_new(const char *url, int64_t statement_timeout_ms)
 	store *s = xcalloc(1, sizeof *s);
 	pg_link_init(&s->link, url, "idemproxy", statement_timeout_ms);
 	return s;
+}
+
+void store_set_wake_key(store *s, const wake_key *wk)
+{
+	s->wake = wk;
 }
 
 void store_set_distributed(store *s, bool citus)
@@ -888,10 +894,10 @@ static int write_once(store *s, int st, const char *want,
  * wait_max comes. */
 static void notify_waiters(store *s, const record_key *k)
 {
-	if (!s->link.conn)
+	if (!s->link.conn || !s->wake)
 		return;
 	char scope[WAKE_SCOPE_HEX + 1];
-	wake_scope_hex(k->tenant, k->operation, k->key, scope);
+	wake_scope_hex(s->wake, k->tenant, k->operation, k->key, scope);
 	const char *vals[1] = {scope};
 	PGresult *r = run(s, ST_WAIT_NOTIFY, vals, NULL, NULL, 0);
 	char err[160];
@@ -1354,6 +1360,34 @@ int store_schema_version(store *s, int *version, char *err, size_t errlen)
 	if (!c)
 		return -1;
 	int rc = version_on(c, version, err, errlen);
+	PQfinish(c);
+	return rc;
+}
+
+int store_wake_key_read(store *s, wake_key *out, char *err, size_t errlen)
+{
+	PGconn *c = plain_connect(s, err, errlen);
+	if (!c)
+		return -1;
+	PGresult *r = PQexecParams(c, "SELECT secret FROM idemproxy_secrets "
+				   "WHERE name = 'wait_notify'", 0, NULL, NULL,
+				   NULL, NULL, 1);
+	int rc = -1;
+	if (PQresultStatus(r) != PGRES_TUPLES_OK)
+		pg_link_err(err, errlen, "wait secret",
+			    PQresultErrorMessage(r));
+	else if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0) ||
+		 PQgetlength(r, 0, 0) < WAKE_KEY_MIN ||
+		 PQgetlength(r, 0, 0) > WAKE_KEY_MAX)
+		snprintf(err, errlen, "idemproxy_secrets holds no wait_notify "
+			 "secret of %d to %d bytes", WAKE_KEY_MIN,
+			 WAKE_KEY_MAX);
+	else {
+		out->len = (size_t)PQgetlength(r, 0, 0);
+		memcpy(out->k, PQgetvalue(r, 0, 0), out->len);
+		rc = 0;
+	}
+	PQclear(r);
 	PQfinish(c);
 	return rc;
 }

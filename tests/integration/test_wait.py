@@ -1,12 +1,15 @@
 """Duplicates that wait for the original (in_flight = "wait", Prefer: wait):
 answered with the original's response as soon as it is recorded, on
 whichever instance they wait, holding no worker while they wait."""
+import hashlib
+import hmac
 import signal
 import socket
 import struct
 import threading
 import time
 
+import psycopg
 import requests
 
 from helpers import (TIMEOUT, assert_problem, assert_retry_after, fire_together, is_replay,
@@ -424,3 +427,49 @@ def test_one_tenant_cannot_take_every_waiting_place(make_proxy, stub):
         assert_same_answer(d.result(), first_a)
     assert stub.count(key=ka) == 1 and stub.count(key=kb) == 1
     assert outcome(p, "create_payment", "rejected_full") == 0
+
+
+CHANNEL = "idemproxy_wait"
+
+
+def scope_message(tenant, operation, key):
+    return b"\0".join(x.encode() for x in ("idemproxy-wait", tenant, operation, key))
+
+
+def keyed_payload(pg, tenant, operation, key):
+    """What the instances send: keyed with the secret migration 011 made."""
+    secret = pg.query("SELECT secret FROM idemproxy_secrets "
+                      "WHERE name = 'wait_notify'")[0]["secret"]
+    return hmac.new(bytes(secret), scope_message(tenant, operation, key),
+                    hashlib.sha256).hexdigest()[:32]
+
+
+def listen(pg):
+    """A session of any role LISTENing on the proxies' channel."""
+    conn = psycopg.connect(pg.url, autocommit=True)
+    got = []
+    conn.add_notify_handler(lambda n: got.append(n.payload) if n.channel == CHANNEL else None)
+    conn.execute("LISTEN " + CHANNEL)
+    return conn, got
+
+
+def test_notify_payload_does_not_reveal_the_key(make_proxy, stub, pg):
+    a = make_proxy(route_overrides=wait_routes())
+    b = make_proxy(route_overrides=wait_routes())
+    conn, got = listen(pg)
+    key = new_key("secret")
+    orig = start_original(stub, a, key)
+    dup = Bg(lambda: post(b, key))
+    wait_waiters(1, b)
+    stub.release("orig")
+    first = orig.result()
+    assert_same_answer(dup.result(), first)
+    # Each query lets psycopg hand over what was notified meanwhile.
+    wait_until(lambda: conn.execute("SELECT 1") and got, what="a notification")
+    conn.close()
+    # A listener that guesses tenant, route and key cannot match them ...
+    unkeyed = hashlib.sha256(scope_message("default", "create_payment", key)).hexdigest()[:32]
+    assert unkeyed not in got, got
+    # ... the payload is keyed with the instances' shared secret.
+    assert got == [keyed_payload(pg, "default", "create_payment", key)]
+    assert stub.count(key=key) == 1
