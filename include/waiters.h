@@ -32,8 +32,11 @@ typedef struct waiters_ops {
 
 typedef struct waiters waiters;
 
-/* max_per_tenant: places one tenant may take; 0: half of max_waiters. */
-waiters *waiters_start(int max_waiters, int max_per_tenant,
+/* max_per_tenant: places one tenant may take; 0: half of max_waiters.
+ * max_reclaims: waiters sent back to claim again at once (the others that
+ * are due wait for a place), so that a storm of wake-ups leaves room in
+ * the workers' queue for fresh requests. */
+waiters *waiters_start(int max_waiters, int max_per_tenant, int max_reclaims,
 		       const waiters_ops *ops);
 void waiters_set_max(waiters *w, int max_waiters, int max_per_tenant);
 

@@ -262,8 +262,11 @@ static int serve(config *cfg)
 	record_retry *retry =
 		record_retry_start(db_url, cfg->statement_timeout_ms, &wk);
 	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
+	/* Half the workers at most claim again for waiters: the rest stay
+	 * free for fresh requests, whatever wakes the waiters. */
 	waiters *wt = waiters_start(cfg->max_waiters,
-				    cfg->max_waiters_per_tenant, &wops);
+				    cfg->max_waiters_per_tenant,
+				    (cfg->workers + 1) / 2, &wops);
 	running.waiters = wt;
 	/* Batches need the fibers' scheduler; on Citus a claim stays the
 	 * delegated call of one tenant's shard. */

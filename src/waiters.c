@@ -13,7 +13,9 @@
 
 /* Parked jobs live on one list: max_waiters bounds it (a thousand or so),
  * and the thread walks it anyway for the deadlines and the sockets, so a
- * wake-up's walk costs no more than the thread's own. */
+ * wake-up's walk costs no more than the thread's own. A job that parks
+ * again goes to the back, so under a storm of wake-ups every waiter gets
+ * its turn to claim. */
 typedef struct waiter {
 	job *j;
 	uint8_t scope[WAKE_SCOPE_LEN];
@@ -42,8 +44,13 @@ typedef struct tenant_slot {
 
 struct waiters {
 	pthread_mutex_t mu;
-	waiter *head;
+	waiter *head, *tail;
 	int parked;
+	/* Re-claims in the workers' queue or with a worker: a wake-up makes
+	 * every waiter of a key due at once (a repeated or forged NOTIFY, a
+	 * listener reconnect: all of them), and at most this many go back at
+	 * a time, so fresh requests always find room. */
+	int reclaim_max, reclaiming;
 	atomic_int waiting; /* admitted: parked or claiming again */
 	atomic_int max;
 	int max_per_tenant; /* 0: half of max */
@@ -80,18 +87,32 @@ static void unlink_waiter(waiters *w, waiter *x)
 		w->head = x->next;
 	if (x->next)
 		x->next->prev = x->prev;
+	else
+		w->tail = x->prev;
 	x->prev = x->next = NULL;
 	w->parked--;
 }
 
 static void link_waiter(waiters *w, waiter *x)
 {
-	x->prev = NULL;
-	x->next = w->head;
-	if (w->head)
-		w->head->prev = x;
-	w->head = x;
+	x->next = NULL;
+	x->prev = w->tail;
+	if (w->tail)
+		w->tail->next = x;
+	else
+		w->head = x;
+	w->tail = x;
 	w->parked++;
+}
+
+/* With the lock held: a re-claim came back (parked again, or left). */
+static bool reclaim_done(waiters *w, job *j)
+{
+	if (!j->wait_reclaiming)
+		return false;
+	j->wait_reclaiming = false;
+	w->reclaiming--;
+	return true;
 }
 
 static const char *end_name(enum waiters_end why)
@@ -116,21 +137,27 @@ static void finish(waiters *w, waiter *x, enum waiters_end why)
 	w->ops.answer(w->ops.arg, j, why);
 }
 
+/* x holds one of the re-claim places (collect took it). */
 static void resubmit(waiters *w, waiter *x)
 {
+	job *j = x->j;
 	pthread_mutex_lock(&w->mu);
 	bool draining = w->draining;
+	/* Set before the submit: a worker may park it again at once. */
+	j->wait_reclaiming = !draining;
+	if (draining)
+		w->reclaiming--;
 	pthread_mutex_unlock(&w->mu);
 	if (draining) {
 		finish(w, x, WAITERS_SHUTDOWN);
 		return;
 	}
-	job *j = x->j;
 	if (w->ops.submit(w->ops.arg, j)) {
 		free(x);
 		return;
 	}
 	pthread_mutex_lock(&w->mu);
+	reclaim_done(w, j);
 	draining = w->draining;
 	if (!draining) {
 		x->recheck_ms = ip_now_ms() + RESUBMIT_MS;
@@ -156,14 +183,21 @@ static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
 	waiter *x = w->head, *nx;
 	for (; x; x = nx) {
 		nx = x->next;
-		if (x->j->wait_until_ms <= now || x->recheck_ms <= now) {
-			bool over = x->j->wait_until_ms <= now;
+		bool over = x->j->wait_until_ms <= now;
+		bool ready = x->recheck_ms <= now;
+		if (over || (ready && w->reclaiming < w->reclaim_max)) {
 			unlink_waiter(w, x);
+			if (!over)
+				w->reclaiming++;
 			x->next = over ? *expired : *due;
 			*(over ? expired : due) = x;
 			continue;
 		}
-		next = dmin(next, dmin(x->recheck_ms, x->j->wait_until_ms));
+		/* A due waiter without a place is taken when one frees
+		 * (the thread is poked then). */
+		next = dmin(next, x->j->wait_until_ms);
+		if (!ready)
+			next = dmin(next, x->recheck_ms);
 	}
 	if (s->cap < (size_t)w->parked + 1) {
 		s->cap = (size_t)w->parked + 64;
@@ -261,10 +295,11 @@ static void *waiters_main(void *arg)
 	return NULL;
 }
 
-waiters *waiters_start(int max_waiters, int max_per_tenant,
+waiters *waiters_start(int max_waiters, int max_per_tenant, int max_reclaims,
 			const waiters_ops *ops)
 {
 	waiters *w = xcalloc(1, sizeof *w);
+	w->reclaim_max = max_reclaims > 0 ? max_reclaims : 1;
 	pthread_mutex_init(&w->mu, NULL);
 	atomic_init(&w->waiting, 0);
 	atomic_init(&w->max, max_waiters);
@@ -369,6 +404,7 @@ bool waiters_admit(waiters *w, job *j, const char *tenant)
 void waiters_leave(waiters *w, job *j, const char *outcome)
 {
 	pthread_mutex_lock(&w->mu);
+	bool freed = reclaim_done(w, j);
 	tenant_slot *t = j->wait_slot;
 	j->wait_slot = NULL;
 	if (t) {
@@ -377,6 +413,8 @@ void waiters_leave(waiters *w, job *j, const char *outcome)
 	}
 	int n = atomic_fetch_sub(&w->waiting, 1) - 1;
 	pthread_mutex_unlock(&w->mu);
+	if (freed)
+		poke(w);
 	metrics_set_waiters(n);
 	double waited = ip_now_ms() - j->wait_since_ms;
 	metrics_observe_wait_ms(waited);
@@ -411,8 +449,10 @@ bool waiters_park(waiters *w, job *j, const uint8_t scope[WAKE_SCOPE_LEN],
 		  double recheck_ms, uint64_t generation)
 {
 	pthread_mutex_lock(&w->mu);
+	reclaim_done(w, j);
 	if (w->draining) {
 		pthread_mutex_unlock(&w->mu);
+		poke(w);
 		return false;
 	}
 	waiter *x = xcalloc(1, sizeof *x);
@@ -468,7 +508,7 @@ int waiters_count(waiters *w)
 static waiter *take_all(waiters *w)
 {
 	waiter *all = w->head;
-	w->head = NULL;
+	w->head = w->tail = NULL;
 	w->parked = 0;
 	return all;
 }

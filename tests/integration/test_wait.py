@@ -473,3 +473,51 @@ def test_notify_payload_does_not_reveal_the_key(make_proxy, stub, pg):
     # ... the payload is keyed with the instances' shared secret.
     assert got == [keyed_payload(pg, "default", "create_payment", key)]
     assert stub.count(key=key) == 1
+
+
+def test_flood_of_repeated_notifies_does_not_crowd_out_fresh_keys(make_proxy, stub, pg):
+    # A NOTIFY repeated by any session (or every listener reconnect) makes
+    # every waiter of its key claim again; the re-claims must leave room
+    # for fresh requests in the workers' queue.
+    p = make_proxy(route_overrides=wait_routes(), top={"workers": 2, "queue_size": 4})
+    key = new_key("storm")
+    orig = start_original(stub, p, key)
+    n = 30
+    dups = []
+    for i in range(n):  # one at a time: the queue holds only 4
+        dups.append(Bg(lambda: post(p, key)))
+        wait_waiters(i + 1, p)
+    payload = keyed_payload(pg, "default", "create_payment", key)
+    stop = threading.Event()
+    sent = [0]
+
+    def flood():
+        with psycopg.connect(pg.url, autocommit=True) as c:
+            while not stop.is_set():
+                c.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
+                sent[0] += 1
+
+    t = threading.Thread(target=flood)
+    t.start()
+    try:
+        wait_until(lambda: sent[0] >= 200, what="the flood under way")
+        fresh = [new_key("fresh%d" % i) for i in range(20)]
+        got = [requests.post(p.url + "/v1/refunds", json={"n": i},
+                             headers={"Idempotency-Key": k}, timeout=TIMEOUT)
+               for i, k in enumerate(fresh)]
+        during = sent[0]
+    finally:
+        stop.set()
+        t.join()
+    assert during > 200
+    assert [r.status_code for r in got] == [201] * len(fresh), \
+        [(r.status_code, r.content[:80]) for r in got if r.status_code != 201][:3]
+    # Each fresh key reached the upstream once, in the order sent.
+    seen = [r.key for r in stub.requests(prefix="/v1/refunds")]
+    assert seen == fresh
+    assert waiters(p) == n
+    stub.release("orig")
+    first = orig.result()
+    for d in dups:
+        assert_same_answer(d.result(), first)
+    assert stub.count(key=key) == 1
