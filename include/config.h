@@ -103,6 +103,8 @@ typedef struct config {
 
 	char *seal_keys_file; /* store_encryption.keys; "" = off */
 	seal_keyring *seal;   /* loaded with the conf; NULL = off */
+	int64_t seal_warn_seals; /* warn when the active key has sealed this
+				    many (its nonce budget is ~2^32) */
 
 	route_cfg *routes;
 	size_t n_routes;

@@ -191,6 +191,15 @@ static int check_schema(config *cfg, wake_key *wk)
 	return 0;
 }
 
+static reaper_config reaper_config_of(const config *c)
+{
+	reaper_config rc = {c->statement_timeout_ms, c->reaper_interval_ms,
+			    c->reaper_batch,
+			    c->seal ? seal_keyring_active(c->seal) : NULL,
+			    c->seal_warn_seals};
+	return rc;
+}
+
 /* The reloadable settings that live outside the per-request configuration
  * (the rest is read from each request's own reference). */
 static void apply_settings(const config *c)
@@ -201,8 +210,8 @@ static void apply_settings(const config *c)
 	worker_pool_set_queue_size(running.pool, c->queue_size);
 	waiters_set_max(running.waiters, c->max_waiters,
 			c->max_waiters_per_tenant);
-	reaper_configure(running.reaper, c->statement_timeout_ms,
-			 c->reaper_interval_ms, c->reaper_batch);
+	reaper_config rc = reaper_config_of(c);
+	reaper_configure(running.reaper, &rc);
 }
 
 static void reload(const char *file)
@@ -335,9 +344,8 @@ static int serve(config *cfg)
 	}
 	notify_listen_ops lo = {listen_wake, listen_connected, wt};
 	notify_listen *nl = notify_listen_start(db_url, &lo);
-	reaper *rp = reaper_start(cfg->db_url, cfg->statement_timeout_ms,
-				  cfg->reaper_interval_ms, cfg->reaper_batch,
-				  cfg->db_citus);
+	reaper_config rcfg = reaper_config_of(cfg);
+	reaper *rp = reaper_start(cfg->db_url, &rcfg, cfg->db_citus);
 	running.reaper = rp;
 	log_info("idemproxy started",
 		 "listen=%s admin=%s workers=%d routes=%zu sealing_key=%s",

@@ -13,6 +13,7 @@
 #include "record_retry.h"
 #include "replay_cache.h"
 #include "seal.h"
+#include "seal_tally.h"
 #include "store_batch.h"
 #include "store_pg.h"
 #include "upstream.h"
@@ -521,6 +522,8 @@ static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
 		out->body_len = w->sealed_b.len;
 	}
 	out->seal_key = seal_keyring_active(k);
+	/* Each seal drew a nonce: counted against the key's budget. */
+	seal_tally_add(out->seal_key, body ? 2 : 1);
 }
 
 /* How this job's claim and record may be batched with other workers'. */
