@@ -86,6 +86,7 @@ typedef struct config {
 	int64_t replay_cache_size;  /* bytes; 0 disables the replay cache */
 	int64_t replay_cache_ttl_ms; /* longest a cached replay is trusted */
 	int max_waiters;     /* duplicates waiting at once; beyond -> 409 */
+	int max_waiters_per_tenant; /* of those, one tenant's; 0: half */
 	int64_t shutdown_grace_ms;
 	int64_t request_head_timeout_ms; /* from ready for a request to its
 					    whole head; then 408 and close */
@@ -108,6 +109,8 @@ typedef struct config {
 
 	char *seal_keys_file; /* store_encryption.keys; "" = off */
 	seal_keyring *seal;   /* loaded with the conf; NULL = off */
+	int64_t seal_warn_seals; /* warn when the active key has sealed this
+				    many (its nonce budget is ~2^32) */
 
 	route_cfg *routes;
 	size_t n_routes;

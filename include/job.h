@@ -70,6 +70,8 @@ typedef struct job {
 	int64_t wait_applied_s; /* Preference-Applied: wait=N; -1: none */
 	double wait_since_ms;  /* when it started waiting; 0: never */
 	double wait_until_ms;  /* when its wait ends */
+	void *wait_slot;       /* its tenant's waiting places (waiters.c) */
+	bool wait_reclaiming;  /* sent back to claim again, not yet back */
 
 	/* completion, set by the front end */
 	void (*done)(struct job *j);

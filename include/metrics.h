@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "seal_tally.h"
 #include "util.h"
 
 void metrics_request(const char *route, const char *outcome);
@@ -30,6 +31,10 @@ void metrics_observe_upstream_ms(double ms);
 void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
 void metrics_set_replay_cache(size_t entries, size_t bytes);
+/* Seals per key id as stored (every instance's), the active key's count
+ * (0: sealing off) and store_encryption.warn_seals. */
+void metrics_set_seal_counts(const seal_tally_entry *e, size_t n,
+			     uint64_t active, int64_t warn_at);
 
 /* Waiting duplicates (waiters.h): how many wait now, how long one waited,
  * and how its wait ended (replayed, took_over, timed_out, rejected_full,

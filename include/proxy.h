@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "job.h"
+#include "wake.h"
 
 struct replay_cache;
 struct record_retry;
@@ -24,6 +25,7 @@ typedef struct proxy_shared {
 	/* first attempts claimed and recorded together (fiber workers on a
 	 * plain store); NULL: each alone */
 	struct store_batch *batch;
+	const wake_key *wake; /* names what waiters wait for (wake.h) */
 } proxy_shared;
 
 /* Runs on the front end's event thread before a job is queued: answers at

@@ -9,12 +9,22 @@
 
 typedef struct reaper reaper;
 
-reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
-		     int64_t interval_ms, int batch, bool distributed);
+/* It also moves the seals counted in this process (seal_tally.h) to the
+ * store at each pass and at its stop, and warns when the active key
+ * reaches seal_warn. */
+typedef struct reaper_config {
+	int64_t statement_timeout_ms;
+	int64_t interval_ms;
+	int batch;
+	const char *seal_active; /* the active key id; NULL: sealing off */
+	int64_t seal_warn;
+} reaper_config;
+
+reaper *reaper_start(const char *db_url, const reaper_config *c,
+		     bool distributed);
 /* New settings (a reload): the next pass uses them, and a new interval
  * counts from the end of the last pass. */
-void reaper_configure(reaper *r, int64_t statement_timeout_ms,
-		      int64_t interval_ms, int batch);
+void reaper_configure(reaper *r, const reaper_config *c);
 void reaper_stop(reaper *r);
 
 #endif

@@ -32,8 +32,10 @@ typedef struct record_retry_item {
 	double lease_end_ms;   /* ip_now_ms() clock: give up after this */
 } record_retry_item;
 
+/* wk names the NOTIFY a retried record sends to its waiters. */
 record_retry *record_retry_start(const char *db_url,
-				 int64_t statement_timeout_ms);
+				 int64_t statement_timeout_ms,
+				 const wake_key *wk);
 void record_retry_add(record_retry *rr, const record_retry_item *it);
 /* Pending writes, for the shutdown log. */
 int record_retry_pending(record_retry *rr);

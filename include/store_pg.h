@@ -9,6 +9,8 @@
 #include <stdint.h>
 
 #include "util.h"
+#include "seal_tally.h"
+#include "wake.h"
 
 #define STORE_TOKEN_LEN 16
 
@@ -221,6 +223,19 @@ int store_schema_version(store *s, int *version, char *err,
 			 size_t errlen) IP_WUR;
 /* Applies the embedded migrations the database lacks; *applied counts them. */
 int store_migrate(store *s, int *applied, char *err, size_t errlen) IP_WUR;
+/* The secret that keys the NOTIFY payloads (migration 011), read once at
+ * start; every instance reads the same one. */
+int store_wake_key_read(store *s, wake_key *out, char *err,
+			size_t errlen) IP_WUR;
+/* Recording a record a waiter marked sends a NOTIFY named with wk (which
+ * must outlive s); without one, no NOTIFY is sent. */
+void store_set_wake_key(store *s, const wake_key *wk);
+/* Adds add[0..nadd) to the stored seal counts (idemproxy_seal_counts,
+ * migration 011) and returns every key id's total in out (at most max;
+ * *nout of them), in one statement. nadd may be 0: it only reads. */
+int store_seal_counts(store *s, const seal_tally_entry *add, size_t nadd,
+		      seal_tally_entry *out, size_t max, size_t *nout,
+		      char *err, size_t errlen) IP_WUR;
 /* The version this binary expects (the highest embedded migration). */
 int store_expected_version(void);
 

@@ -32,13 +32,19 @@ typedef struct waiters_ops {
 
 typedef struct waiters waiters;
 
-waiters *waiters_start(int max_waiters, const waiters_ops *ops);
-void waiters_set_max(waiters *w, int max_waiters);
+/* max_per_tenant: places one tenant may take; 0: half of max_waiters.
+ * max_reclaims: waiters sent back to claim again at once (the others that
+ * are due wait for a place), so that a storm of wake-ups leaves room in
+ * the workers' queue for fresh requests. */
+waiters *waiters_start(int max_waiters, int max_per_tenant, int max_reclaims,
+		       const waiters_ops *ops);
+void waiters_set_max(waiters *w, int max_waiters, int max_per_tenant);
 
-/* A job starts waiting: takes one of max_waiters places (kept until
- * waiters_leave, across its claims). False, counted as rejected_full, when
- * all are taken or the process is stopping. */
-bool waiters_admit(waiters *w, job *j) IP_WUR;
+/* A job of tenant starts waiting: takes one of max_waiters places and one
+ * of its tenant's (kept until waiters_leave, across its claims). False,
+ * counted as rejected_full or rejected_tenant_full, when the pool or the
+ * tenant's share is taken, or as shutdown when the process is stopping. */
+bool waiters_admit(waiters *w, job *j, const char *tenant) IP_WUR;
 /* The job stops waiting with outcome (replayed, took_over, timed_out, ...):
  * frees its place, observes its wait time, logs a line. */
 void waiters_leave(waiters *w, job *j, const char *outcome);

@@ -345,6 +345,21 @@ static int cfg_conv_int(const cfg_opt *o, const config_setting_t *s,
 	return 0;
 }
 
+static int cfg_conv_int64(const cfg_opt *o, const config_setting_t *s,
+			  void *base, char *why, size_t whylen)
+{
+	if (!cfg_is_int(s))
+		return cfg_why(why, whylen, "must be an integer, not %s",
+			       cfg_type_name(s));
+	long long v = config_setting_get_int64(s);
+	if (v < o->min || v > o->max)
+		return cfg_why(why, whylen,
+			       "%lld is out of range %" PRId64 "..%" PRId64, v,
+			       o->min, o->max);
+	*CFG_DST(o, base, int64_t) = (int64_t)v;
+	return 0;
+}
+
 static int cfg_conv_duration(const cfg_opt *o, const config_setting_t *s,
 			     void *base, char *why, size_t whylen)
 {
@@ -1005,6 +1020,10 @@ static const cfg_opt cfg_top[] = {
 	{.name = "max_waiters", .conv = cfg_conv_int, .def = "1000",
 	 .min = 0, .max = 1048576, .off = C_(max_waiters),
 	 .reload = CFG_APPLY},
+	/* 0: half of max_waiters, so that one tenant never takes them all. */
+	{.name = "max_waiters_per_tenant", .conv = cfg_conv_int, .def = "0",
+	 .min = 0, .max = 1048576, .off = C_(max_waiters_per_tenant),
+	 .reload = CFG_APPLY},
 	{.name = "shutdown_grace", .conv = cfg_conv_duration,
 	 .def = "\"10s\"", .min = 0, .max = CFG_MS_HOUR,
 	 .off = C_(shutdown_grace_ms), .reload = CFG_APPLY},
@@ -1135,6 +1154,11 @@ static const cfg_opt cfg_route_only[] = {
 static const cfg_opt cfg_seal[] = {
 	{.name = "keys", .conv = cfg_conv_string, .def = "\"\"",
 	 .off = C_(seal_keys_file), .reload = CFG_APPLY},
+	/* Random 96-bit nonces are safe for about 2^32 seals per key: warn at
+	 * half of that, leaving the other half for the rotation. */
+	{.name = "warn_seals", .conv = cfg_conv_int64, .def = "2147483648L",
+	 .min = 1, .max = INT64_C(4294967296), .off = C_(seal_warn_seals),
+	 .reload = CFG_APPLY},
 };
 
 /* Top-level groups, handled by code rather than converters. */

@@ -159,7 +159,8 @@ static int cmd_reencrypt(config *cfg, int batch)
 	return rc == 0 ? 0 : 1;
 }
 
-static int check_schema(config *cfg)
+/* Also reads the secret the instances share for the NOTIFY payloads. */
+static int check_schema(config *cfg, wake_key *wk)
 {
 	char err[512];
 	store *s = store_new(cfg->db_url, cfg->statement_timeout_ms);
@@ -168,6 +169,9 @@ static int check_schema(config *cfg)
 	int rc = store_schema_version(s, &version, err, sizeof err);
 	if (!rc)
 		rc = store_layout_get(s, &layout, err, sizeof err);
+	bool current = !rc && version >= store_expected_version();
+	if (current)
+		rc = store_wake_key_read(s, wk, err, sizeof err);
 	store_free(s);
 	if (rc) {
 		fprintf(stderr, "idemproxy: cannot reach the database: %s\n",
@@ -189,6 +193,15 @@ static int check_schema(config *cfg)
 	return 0;
 }
 
+static reaper_config reaper_config_of(const config *c)
+{
+	reaper_config rc = {c->statement_timeout_ms, c->reaper_interval_ms,
+			    c->reaper_batch,
+			    c->seal ? seal_keyring_active(c->seal) : NULL,
+			    c->seal_warn_seals};
+	return rc;
+}
+
 /* The reloadable settings that live outside the per-request configuration
  * (the rest is read from each request's own reference). */
 static void apply_settings(const config *c)
@@ -197,9 +210,10 @@ static void apply_settings(const config *c)
 	busy_set_budget_ms(c->busy_poll_ms);
 	replay_cache_resize(running.cache, (size_t)c->replay_cache_size);
 	worker_pool_set_queue_size(running.pool, c->queue_size);
-	waiters_set_max(running.waiters, c->max_waiters);
-	reaper_configure(running.reaper, c->statement_timeout_ms,
-			 c->reaper_interval_ms, c->reaper_batch);
+	waiters_set_max(running.waiters, c->max_waiters,
+			c->max_waiters_per_tenant);
+	reaper_config rc = reaper_config_of(c);
+	reaper_configure(running.reaper, &rc);
 }
 
 static void export_routes(const config *c)
@@ -253,7 +267,9 @@ static void reload(const char *file)
 
 static int serve(config *cfg)
 {
-	if (check_schema(cfg) || upstream_global_init()) {
+	/* Lives as long as every thread that names a wake-up. */
+	static wake_key wk;
+	if (check_schema(cfg, &wk) || upstream_global_init()) {
 		config_unref(cfg);
 		return 1;
 	}
@@ -279,9 +295,13 @@ static int serve(config *cfg)
 	 * reload has freed cfg: they get a copy of their own. */
 	char *db_url = xstrdup(cfg->db_url);
 	record_retry *retry =
-		record_retry_start(db_url, cfg->statement_timeout_ms);
+		record_retry_start(db_url, cfg->statement_timeout_ms, &wk);
 	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
-	waiters *wt = waiters_start(cfg->max_waiters, &wops);
+	/* Half the workers at most claim again for waiters: the rest stay
+	 * free for fresh requests, whatever wakes the waiters. */
+	waiters *wt = waiters_start(cfg->max_waiters,
+				    cfg->max_waiters_per_tenant,
+				    (cfg->workers + 1) / 2, &wops);
 	running.waiters = wt;
 	/* Batches need the fibers' scheduler; on Citus a claim stays the
 	 * delegated call of one tenant's shard. */
@@ -290,7 +310,7 @@ static int serve(config *cfg)
 						 cfg->statement_timeout_ms)
 				     : NULL;
 	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cfg->db_citus,
-			       cache, retry, wt, batch};
+			       cache, retry, wt, batch, &wk};
 	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
 			  proxy_worker_fini, &shared};
 	admin *adm = NULL;
@@ -361,9 +381,8 @@ static int serve(config *cfg)
 	}
 	notify_listen_ops lo = {listen_wake, listen_connected, wt};
 	notify_listen *nl = notify_listen_start(db_url, &lo);
-	reaper *rp = reaper_start(cfg->db_url, cfg->statement_timeout_ms,
-				  cfg->reaper_interval_ms, cfg->reaper_batch,
-				  cfg->db_citus);
+	reaper_config rcfg = reaper_config_of(cfg);
+	reaper *rp = reaper_start(cfg->db_url, &rcfg, cfg->db_citus);
 	running.reaper = rp;
 	log_info("idemproxy started",
 		 "listen=%s admin=%s workers=%d routes=%zu sealing_key=%s",

@@ -112,6 +112,10 @@ static int g_store_up;
 static uint64_t reaper_released, reaper_purged;
 static double reaper_last_success;
 static uint64_t cache_entries, cache_bytes;
+static seal_tally_entry seal_counts[SEAL_TALLY_MAX];
+static size_t n_seal_counts;
+static uint64_t seal_active;
+static int64_t seal_warn_at = INT64_C(2147483648);
 
 /* Label values are route names (validated by the loader) and fixed words;
  * still, never let a quote or backslash break the exposition. */
@@ -336,6 +340,17 @@ void metrics_set_replay_cache(size_t entries, size_t bytes)
 	pthread_mutex_unlock(&mu);
 }
 
+void metrics_set_seal_counts(const seal_tally_entry *e, size_t n,
+			     uint64_t active, int64_t warn_at)
+{
+	pthread_mutex_lock(&mu);
+	n_seal_counts = n < SEAL_TALLY_MAX ? n : SEAL_TALLY_MAX;
+	memcpy(seal_counts, e, n_seal_counts * sizeof *e);
+	seal_active = active;
+	seal_warn_at = warn_at;
+	pthread_mutex_unlock(&mu);
+}
+
 static void observe(int which, double ms)
 {
 	double sec = ms / 1000.0;
@@ -457,6 +472,30 @@ static void render_scalar(ip_buf *out, const char *name, const char *type,
 		      name, type, name, v);
 }
 
+/* Called with mu held. */
+static void render_seals(ip_buf *out)
+{
+	ip_buf_printf(out, "# HELP idemproxy_seal_key_seals Seals made under "
+			   "each store_encryption key id by every instance, "
+			   "as stored (updated at each reaper pass).\n"
+			   "# TYPE idemproxy_seal_key_seals gauge\n");
+	for (size_t i = 0; i < n_seal_counts; i++) {
+		char id[SEAL_ID_MAX + 1];
+		label_copy(id, sizeof id, seal_counts[i].id);
+		ip_buf_printf(out, "idemproxy_seal_key_seals{key=\"%s\"} "
+			      "%llu\n", id,
+			      (unsigned long long)seal_counts[i].n);
+	}
+	render_scalar(out, "idemproxy_seal_active_key_seals", "gauge",
+		      "Seals made under the active key (random 96-bit nonces: "
+		      "safe for about 2^32; 0: sealing off).",
+		      (double)seal_active);
+	render_scalar(out, "idemproxy_seal_warn_seals", "gauge",
+		      "store_encryption.warn_seals: rotate the key before "
+		      "the active key's seals reach it.",
+		      (double)seal_warn_at);
+}
+
 /* Events an alert counts with increase(): exported at 0 from the start,
  * since a counter that first appears at 1 shows no increase. */
 static const char *const known_events[] = {
@@ -575,5 +614,6 @@ void metrics_render(ip_buf *out)
 		      "Time threads spent polling instead of sleeping "
 		      "(busy_poll).",
 		      busy_seconds_total());
+	render_seals(out);
 	pthread_mutex_unlock(&mu);
 }

@@ -14,6 +14,7 @@
 #include "record_retry.h"
 #include "replay_cache.h"
 #include "seal.h"
+#include "seal_tally.h"
 #include "store_batch.h"
 #include "store_pg.h"
 #include "upstream.h"
@@ -28,6 +29,7 @@ typedef struct proxy_worker {
 	replay_cache *cache;
 	record_retry *retry;
 	waiters *waiters; /* NULL: duplicates never wait */
+	const wake_key *wake;
 	/* For the replay cache, about the job in hand: the forget generation
 	 * of its key, read before its claim, and its record's expiry as the
 	 * claim saw it (an upstream call may come between the two). */
@@ -52,6 +54,8 @@ void *proxy_worker_init(void *arg, int index)
 	w->waiters = sh->waiters;
 	w->st = store_new(sh->db_url, sh->statement_timeout_ms);
 	store_set_distributed(w->st, sh->citus);
+	store_set_wake_key(w->st, sh->wake);
+	w->wake = sh->wake;
 	w->batch = sh->batch;
 	w->up = upstream_new();
 	char err[256];
@@ -564,6 +568,8 @@ static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
 		out->body_len = w->sealed_b.len;
 	}
 	out->seal_key = seal_keyring_active(k);
+	/* Each seal drew a nonce: counted against the key's budget. */
+	seal_tally_add(out->seal_key, body ? 2 : 1);
 }
 
 /* How this job's claim and record may be batched with other workers'. */
@@ -675,7 +681,7 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 	 * through the database's NOTIFY. */
 	if (rc == 0 && !fenced && w->waiters && waiters_any(w->waiters)) {
 		uint8_t scope[WAKE_SCOPE_LEN];
-		wake_scope(p->tenant, r->name, p->key, scope);
+		wake_scope(w->wake, p->tenant, r->name, p->key, scope);
 		waiters_wake(w->waiters, scope);
 	}
 }
@@ -836,7 +842,7 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 		return WAIT_NOT;
 	double now = ip_now_ms();
 	if (j->wait_since_ms <= 0) {
-		if (!waiters_admit(w->waiters, j))
+		if (!waiters_admit(w->waiters, j, p->tenant))
 			return WAIT_NOT;
 		j->wait_since_ms = now;
 		j->wait_until_ms = now + (double)j->wait_ms;
@@ -861,7 +867,7 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 		return WAIT_ANSWERED;
 	}
 	uint8_t scope[WAKE_SCOPE_LEN];
-	wake_scope(p->tenant, r->name, p->key, scope);
+	wake_scope(w->wake, p->tenant, r->name, p->key, scope);
 	/* Just past the lease's end, the claim may take the key over. */
 	double recheck = marked ? t0 + (double)left + 1.0 : 0;
 	if (!waiters_park(w->waiters, j, scope, recheck, gen)) {

@@ -5,10 +5,13 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "log.h"
 #include "metrics.h"
+#include "seal.h"
+#include "seal_tally.h"
 #include "store_pg.h"
 
 /* The settings a reload may change; the thread reads them at each pass. */
@@ -16,6 +19,8 @@ typedef struct reaper_settings {
 	int64_t interval_ms;
 	int batch;
 	int64_t statement_timeout_ms;
+	char seal_active[SEAL_ID_MAX + 1]; /* "": sealing off */
+	int64_t seal_warn;
 } reaper_settings;
 
 struct reaper {
@@ -32,6 +37,7 @@ struct reaper {
 	char since[64];
 	ip_buf held;
 	int64_t sweep_page; /* the sweep's next page (see store_sweep_leases) */
+	char seal_warned[SEAL_ID_MAX + 1]; /* the key last warned of */
 };
 
 /* Runs one batch statement until a batch comes back less than full. */
@@ -72,6 +78,37 @@ static int sweep_pages(int batch)
 	return batch / 10 > 0 ? batch / 10 : 1;
 }
 
+/* Moves this process's seal tally to the store, exports every key's
+ * total, and warns (once per key) when the active key reaches warn_seals.
+ * A tally that could not be written is kept for the next pass. */
+static void seal_pass(reaper *r, const reaper_settings *set)
+{
+	seal_tally_entry add[SEAL_TALLY_MAX], all[SEAL_TALLY_MAX];
+	size_t nadd = seal_tally_take(add), nall = 0;
+	char err[256];
+	if (store_seal_counts(r->st, add, nadd, all, SEAL_TALLY_MAX, &nall, err,
+			      sizeof err)) {
+		seal_tally_put_back(add, nadd);
+		log_warn("reaper: seal counts not written; kept for the next "
+			 "pass", "%s", err);
+		return;
+	}
+	uint64_t active = 0;
+	for (size_t i = 0; i < nall && set->seal_active[0]; i++)
+		if (!strcmp(all[i].id, set->seal_active))
+			active = all[i].n;
+	metrics_set_seal_counts(all, nall, active, set->seal_warn);
+	if (!set->seal_active[0] || active < (uint64_t)set->seal_warn ||
+	    !strcmp(r->seal_warned, set->seal_active))
+		return;
+	log_warn("sealing key nears its nonce budget; make a new key active "
+		 "(see Rotating keys)",
+		 "key=%s seals=%llu warn_seals=%lld", set->seal_active,
+		 (unsigned long long)active, (long long)set->seal_warn);
+	snprintf(r->seal_warned, sizeof r->seal_warned, "%s",
+		 set->seal_active);
+}
+
 static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
@@ -99,6 +136,7 @@ static void pass(reaper *r, const reaper_settings *set)
 	metrics_set_store_up(true);
 	metrics_reaper(released, purged);
 	metrics_set_processing(count, age);
+	seal_pass(r, set);
 	if (released || purged)
 		log_info("reaper pass", "released=%d purged=%d processing=%lld",
 			 released, purged, (long long)count);
@@ -136,28 +174,33 @@ static void *reaper_main(void *arg)
 				break;
 		}
 	}
+	reaper_settings last = r->set;
 	pthread_mutex_unlock(&r->mu);
+	/* The front end has drained: count the last seals. */
+	seal_pass(r, &last);
 	return NULL;
 }
 
-static reaper_settings settings_of(int64_t interval_ms, int batch,
-				   int64_t statement_timeout_ms)
+static reaper_settings settings_of(const reaper_config *c)
 {
 	reaper_settings s = {
-		.interval_ms = interval_ms > 0 ? interval_ms : 1000,
-		.batch = batch > 0 ? batch : 1000,
-		.statement_timeout_ms = statement_timeout_ms,
+		.interval_ms = c->interval_ms > 0 ? c->interval_ms : 1000,
+		.batch = c->batch > 0 ? c->batch : 1000,
+		.statement_timeout_ms = c->statement_timeout_ms,
+		.seal_warn = c->seal_warn > 0 ? c->seal_warn : 1,
 	};
+	snprintf(s.seal_active, sizeof s.seal_active, "%s",
+		 c->seal_active ? c->seal_active : "");
 	return s;
 }
 
-reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
-		     int64_t interval_ms, int batch, bool distributed)
+reaper *reaper_start(const char *db_url, const reaper_config *c,
+		     bool distributed)
 {
 	reaper *r = xcalloc(1, sizeof *r);
-	r->st = store_new(db_url, statement_timeout_ms);
+	r->st = store_new(db_url, c->statement_timeout_ms);
 	store_set_distributed(r->st, distributed);
-	r->set = settings_of(interval_ms, batch, statement_timeout_ms);
+	r->set = settings_of(c);
 	snprintf(r->since, sizeof r->since, "-infinity");
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
@@ -166,11 +209,10 @@ reaper *reaper_start(const char *db_url, int64_t statement_timeout_ms,
 	return r;
 }
 
-void reaper_configure(reaper *r, int64_t statement_timeout_ms,
-		      int64_t interval_ms, int batch)
+void reaper_configure(reaper *r, const reaper_config *c)
 {
 	pthread_mutex_lock(&r->mu);
-	r->set = settings_of(interval_ms, batch, statement_timeout_ms);
+	r->set = settings_of(c);
 	pthread_cond_signal(&r->cv);
 	pthread_mutex_unlock(&r->mu);
 }

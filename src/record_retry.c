@@ -208,10 +208,12 @@ static void *retry_main(void *arg)
 }
 
 record_retry *record_retry_start(const char *db_url,
-				 int64_t statement_timeout_ms)
+				 int64_t statement_timeout_ms,
+				 const wake_key *wk)
 {
 	record_retry *rr = xcalloc(1, sizeof *rr);
 	rr->st = store_new(db_url, statement_timeout_ms);
+	store_set_wake_key(rr->st, wk);
 	pthread_mutex_init(&rr->mu, NULL);
 	pthread_cond_init(&rr->cv, NULL);
 	IP_ASSERT(pthread_create(&rr->thread, NULL, retry_main, rr) == 0);

@@ -35,6 +35,13 @@ static const char left_sql[] =
 	"WHERE state = 'completed' AND seal_key IS DISTINCT FROM $1 "
 	"GROUP BY 1 ORDER BY 1 NULLS FIRST";
 
+/* The batch's seals, added to the key's count in the batch's transaction
+ * (idemproxy_seal_counts: every seal draws a nonce of the key's budget). */
+static const char count_sql[] =
+	"INSERT INTO idemproxy_seal_counts AS c (seal_key, seals) "
+	"VALUES ($1, $2::int8) ON CONFLICT (seal_key) DO UPDATE "
+	"SET seals = c.seals + EXCLUDED.seals, updated_at = now()";
+
 typedef struct re_ctx {
 	pg_link link;
 	const seal_keyring *keys;
@@ -43,6 +50,7 @@ typedef struct re_ctx {
 	size_t errlen;
 	ip_buf plain_h, plain_b, sealed_h, sealed_b;
 	long resealed, unreadable;
+	long batch_seals; /* seals of the batch in hand */
 	/* tenant, operation, key of the last row, whole: a cut copy sorts
 	 * before its row, which a batch that leaves the row as it is would
 	 * then select again, forever. */
@@ -136,6 +144,7 @@ static int re_row(re_ctx *x, PGresult *r, int i)
 	if (has_body)
 		seal_seal(x->keys, &sc, SEAL_BODY, x->plain_b.data,
 			  x->plain_b.len, &x->sealed_b);
+	x->batch_seals += has_body ? 2 : 1;
 	const char *vals[6] = {tenant, op, key, x->sealed_h.data,
 			       x->sealed_b.data ? x->sealed_b.data : "",
 			       seal_keyring_active(x->keys)};
@@ -150,6 +159,24 @@ static int re_row(re_ctx *x, PGresult *r, int i)
 	else
 		x->resealed++;
 	PQclear(u);
+	return rc;
+}
+
+static int re_count(re_ctx *x)
+{
+	if (!x->batch_seals)
+		return 0;
+	char n[24];
+	snprintf(n, sizeof n, "%ld", x->batch_seals);
+	const char *vals[2] = {seal_keyring_active(x->keys), n};
+	PGresult *r = PQexecParams(x->link.conn, count_sql, 2, NULL, vals,
+				   NULL, NULL, 0);
+	int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
+	if (rc)
+		pg_link_err(x->err, x->errlen, "reencrypt seal count",
+			    PQresultErrorMessage(r));
+	PQclear(r);
+	x->batch_seals = 0;
 	return rc;
 }
 
@@ -192,6 +219,10 @@ static int re_batch(re_ctx *x, int batch, int *rows)
 	}
 	PQclear(r);
 	*rows = n;
+	if (re_count(x) < 0) {
+		PQclear(PQexec(x->link.conn, "ROLLBACK"));
+		return -1;
+	}
 	return re_simple(x, "COMMIT");
 }
 

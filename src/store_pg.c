@@ -22,6 +22,7 @@ struct store {
 	bool citus;  /* the records are distributed: reaper works per shard */
 	bool many;   /* sends complete_many: many_settings */
 	ip_buf arr[9]; /* their array parameters */
+	const wake_key *wake; /* names the NOTIFY payloads; NULL: sends none */
 };
 
 /* Each statement, its name, parameter types (OIDs) and text. */
@@ -290,6 +291,18 @@ static const stmt_def stmts[] = {
 	 "WHERE r.tenant = u.t AND r.operation = u.o AND r.idem_key = u.k "
 	 "AND r.owner_token = u.w AND r.state IN ('processing', 'released') "
 	 "AND r.expires_at > now() RETURNING r.owner_token, r.wait_notify"},
+	/* Adds this instance's seals per key id, and reads every key's total
+	 * (the CTE's new values for the keys it wrote: the outer query's
+	 * snapshot does not see them). */
+	{"seal_count", 2,
+	 {OID_TEXT_ARR, OID_INT8_ARR},
+	 "WITH a AS (INSERT INTO idemproxy_seal_counts AS c (seal_key, seals) "
+	 "SELECT * FROM unnest($1::text[], $2::int8[]) "
+	 "ON CONFLICT (seal_key) DO UPDATE SET seals = c.seals + "
+	 "EXCLUDED.seals, updated_at = now() RETURNING seal_key, seals) "
+	 "SELECT seal_key, seals FROM a UNION ALL "
+	 "SELECT seal_key, seals FROM idemproxy_seal_counts "
+	 "WHERE seal_key <> ALL ($1) ORDER BY 1"},
 };
 
 enum {
@@ -307,7 +320,8 @@ enum {
 	ST_WAIT_NOTIFY,
 	ST_CLAIM_NEW,
 	ST_CLAIM_MANY,
-	ST_COMPLETE_MANY
+	ST_COMPLETE_MANY,
+	ST_SEAL_COUNT
 };
 
 /* The reaper's statements as run on each shard (%1$s, formatted by
@@ -368,6 +382,11 @@ store *store_new(const char *url, int64_t statement_timeout_ms)
 	store *s = xcalloc(1, sizeof *s);
 	pg_link_init(&s->link, url, "idemproxy", statement_timeout_ms);
 	return s;
+}
+
+void store_set_wake_key(store *s, const wake_key *wk)
+{
+	s->wake = wk;
 }
 
 void store_set_distributed(store *s, bool citus)
@@ -886,10 +905,10 @@ static int write_once(store *s, int st, const char *want,
  * wait_max comes. */
 static void notify_waiters(store *s, const record_key *k)
 {
-	if (!s->link.conn)
+	if (!s->link.conn || !s->wake)
 		return;
 	char scope[WAKE_SCOPE_HEX + 1];
-	wake_scope_hex(k->tenant, k->operation, k->key, scope);
+	wake_scope_hex(s->wake, k->tenant, k->operation, k->key, scope);
 	const char *vals[1] = {scope};
 	PGresult *r = run(s, ST_WAIT_NOTIFY, vals, NULL, NULL, 0);
 	char err[160];
@@ -1354,6 +1373,76 @@ int store_schema_version(store *s, int *version, char *err, size_t errlen)
 	int rc = version_on(c, version, err, errlen);
 	PQfinish(c);
 	return rc;
+}
+
+int store_wake_key_read(store *s, wake_key *out, char *err, size_t errlen)
+{
+	PGconn *c = plain_connect(s, err, errlen);
+	if (!c)
+		return -1;
+	PGresult *r = PQexecParams(c, "SELECT secret FROM idemproxy_secrets "
+				   "WHERE name = 'wait_notify'", 0, NULL, NULL,
+				   NULL, NULL, 1);
+	int rc = -1;
+	if (PQresultStatus(r) != PGRES_TUPLES_OK)
+		pg_link_err(err, errlen, "wait secret",
+			    PQresultErrorMessage(r));
+	else if (PQntuples(r) != 1 || PQgetisnull(r, 0, 0) ||
+		 PQgetlength(r, 0, 0) < WAKE_KEY_MIN ||
+		 PQgetlength(r, 0, 0) > WAKE_KEY_MAX)
+		snprintf(err, errlen, "idemproxy_secrets holds no wait_notify "
+			 "secret of %d to %d bytes", WAKE_KEY_MIN,
+			 WAKE_KEY_MAX);
+	else {
+		out->len = (size_t)PQgetlength(r, 0, 0);
+		memcpy(out->k, PQgetvalue(r, 0, 0), out->len);
+		rc = 0;
+	}
+	PQclear(r);
+	PQfinish(c);
+	return rc;
+}
+
+/* '{"a","b"}' and '{1,2}': key ids hold no quote or backslash (seal.h),
+ * and quoted, an id "NULL" stays a string. */
+static void seal_arrays(const seal_tally_entry *add, size_t n, ip_buf *ids,
+			ip_buf *counts)
+{
+	ip_buf_reset(ids);
+	ip_buf_reset(counts);
+	ip_buf_printf(ids, "{");
+	ip_buf_printf(counts, "{");
+	for (size_t i = 0; i < n; i++) {
+		const char *sep = i ? "," : "";
+		ip_buf_printf(ids, "%s\"%s\"", sep, add[i].id);
+		ip_buf_printf(counts, "%s%llu", sep,
+			      (unsigned long long)add[i].n);
+	}
+	ip_buf_printf(ids, "}");
+	ip_buf_printf(counts, "}");
+}
+
+int store_seal_counts(store *s, const seal_tally_entry *add, size_t nadd,
+		      seal_tally_entry *out, size_t max, size_t *nout,
+		      char *err, size_t errlen)
+{
+	*nout = 0;
+	if (store_ensure(s, err, errlen))
+		return -1;
+	seal_arrays(add, nadd, &s->arr[0], &s->arr[1]);
+	const char *vals[2] = {s->arr[0].data, s->arr[1].data};
+	PGresult *r = run(s, ST_SEAL_COUNT, vals, NULL, NULL, 0);
+	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "seal count")) {
+		PQclear(r);
+		return -1;
+	}
+	for (int i = 0; i < PQntuples(r) && *nout < max; i++) {
+		seal_tally_entry *e = &out[(*nout)++];
+		snprintf(e->id, sizeof e->id, "%s", PQgetvalue(r, i, 0));
+		e->n = strtoull(PQgetvalue(r, i, 1), NULL, 10);
+	}
+	PQclear(r);
+	return 0;
 }
 
 int store_expected_version(void)

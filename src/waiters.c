@@ -13,12 +13,15 @@
 
 /* Parked jobs live on one list: max_waiters bounds it (a thousand or so),
  * and the thread walks it anyway for the deadlines and the sockets, so a
- * wake-up's walk costs no more than the thread's own. */
+ * wake-up's walk costs no more than the thread's own. A job that parks
+ * again goes to the back, so under a storm of wake-ups every waiter gets
+ * its turn to claim. */
 typedef struct waiter {
 	job *j;
 	uint8_t scope[WAKE_SCOPE_LEN];
 	double recheck_ms;
 	uint64_t seq;
+	bool read_closed; /* the client shut down its sending side */
 	struct waiter *prev, *next;
 } waiter;
 
@@ -26,15 +29,32 @@ typedef struct waiter {
  * not yet receive (it was marking its record) claims again at once. */
 #define RECENT 256
 
+/* Waiting places taken per tenant: buckets of a small chained table,
+ * entries made at the first admit and freed when the last one leaves. */
+#define TENANT_BUCKETS 256
+
+typedef struct tenant_slot {
+	struct tenant_slot *next;
+	int n;
+	char name[];
+} tenant_slot;
+
 /* A submit refused by a full queue is tried again after this long. */
 #define RESUBMIT_MS 20.0
 
 struct waiters {
 	pthread_mutex_t mu;
-	waiter *head;
+	waiter *head, *tail;
 	int parked;
+	/* Re-claims in the workers' queue or with a worker: a wake-up makes
+	 * every waiter of a key due at once (a repeated or forged NOTIFY, a
+	 * listener reconnect: all of them), and at most this many go back at
+	 * a time, so fresh requests always find room. */
+	int reclaim_max, reclaiming;
 	atomic_int waiting; /* admitted: parked or claiming again */
 	atomic_int max;
+	int max_per_tenant; /* 0: half of max */
+	tenant_slot *tenants[TENANT_BUCKETS];
 	bool draining, stopping;
 	uint64_t gen;
 	struct {
@@ -67,18 +87,32 @@ static void unlink_waiter(waiters *w, waiter *x)
 		w->head = x->next;
 	if (x->next)
 		x->next->prev = x->prev;
+	else
+		w->tail = x->prev;
 	x->prev = x->next = NULL;
 	w->parked--;
 }
 
 static void link_waiter(waiters *w, waiter *x)
 {
-	x->prev = NULL;
-	x->next = w->head;
-	if (w->head)
-		w->head->prev = x;
-	w->head = x;
+	x->next = NULL;
+	x->prev = w->tail;
+	if (w->tail)
+		w->tail->next = x;
+	else
+		w->head = x;
+	w->tail = x;
 	w->parked++;
+}
+
+/* With the lock held: a re-claim came back (parked again, or left). */
+static bool reclaim_done(waiters *w, job *j)
+{
+	if (!j->wait_reclaiming)
+		return false;
+	j->wait_reclaiming = false;
+	w->reclaiming--;
+	return true;
 }
 
 static const char *end_name(enum waiters_end why)
@@ -103,21 +137,27 @@ static void finish(waiters *w, waiter *x, enum waiters_end why)
 	w->ops.answer(w->ops.arg, j, why);
 }
 
+/* x holds one of the re-claim places (collect took it). */
 static void resubmit(waiters *w, waiter *x)
 {
+	job *j = x->j;
 	pthread_mutex_lock(&w->mu);
 	bool draining = w->draining;
+	/* Set before the submit: a worker may park it again at once. */
+	j->wait_reclaiming = !draining;
+	if (draining)
+		w->reclaiming--;
 	pthread_mutex_unlock(&w->mu);
 	if (draining) {
 		finish(w, x, WAITERS_SHUTDOWN);
 		return;
 	}
-	job *j = x->j;
 	if (w->ops.submit(w->ops.arg, j)) {
 		free(x);
 		return;
 	}
 	pthread_mutex_lock(&w->mu);
+	reclaim_done(w, j);
 	draining = w->draining;
 	if (!draining) {
 		x->recheck_ms = ip_now_ms() + RESUBMIT_MS;
@@ -143,14 +183,21 @@ static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
 	waiter *x = w->head, *nx;
 	for (; x; x = nx) {
 		nx = x->next;
-		if (x->j->wait_until_ms <= now || x->recheck_ms <= now) {
-			bool over = x->j->wait_until_ms <= now;
+		bool over = x->j->wait_until_ms <= now;
+		bool ready = x->recheck_ms <= now;
+		if (over || (ready && w->reclaiming < w->reclaim_max)) {
 			unlink_waiter(w, x);
+			if (!over)
+				w->reclaiming++;
 			x->next = over ? *expired : *due;
 			*(over ? expired : due) = x;
 			continue;
 		}
-		next = dmin(next, dmin(x->recheck_ms, x->j->wait_until_ms));
+		/* A due waiter without a place is taken when one frees
+		 * (the thread is poked then). */
+		next = dmin(next, x->j->wait_until_ms);
+		if (!ready)
+			next = dmin(next, x->recheck_ms);
 	}
 	if (s->cap < (size_t)w->parked + 1) {
 		s->cap = (size_t)w->parked + 64;
@@ -161,8 +208,11 @@ static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
 	for (x = w->head; x; x = x->next) {
 		if (x->j->client_fd < 0)
 			continue;
-		/* Not POLLIN: a pipelined next request is no hang-up. */
-		s->pfd[n] = (struct pollfd){x->j->client_fd, POLLRDHUP, 0};
+		/* Not POLLIN: a pipelined next request is no hang-up. Once
+		 * the client has half-closed, only a reset or an error
+		 * (always reported) says it is gone. */
+		short ev = x->read_closed ? 0 : POLLRDHUP;
+		s->pfd[n] = (struct pollfd){x->j->client_fd, ev, 0};
 		s->seq[n++] = x->seq;
 	}
 	s->pfd[n] = (struct pollfd){w->efd, POLLIN, 0};
@@ -170,17 +220,25 @@ static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
 	return next;
 }
 
-/* With the lock held: the waiters whose clients hung up. */
+/* With the lock held: the waiters whose clients hung up. A FIN alone
+ * (POLLRDHUP) is not one: a client that shut down its sending side after
+ * the request (shutdown(SHUT_WR)) still reads its answer, and TCP cannot
+ * tell it from one that closed (that one is found when its answer is
+ * written, at the latest at wait_max). A reset or an error is. */
 static waiter *hung_up(waiters *w, const scratch *s, size_t n)
 {
 	waiter *gone = NULL;
 	for (size_t i = 0; i < n; i++) {
-		if (!(s->pfd[i].revents &
-		      (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+		short ev = s->pfd[i].revents;
+		if (!(ev & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
 			continue;
 		for (waiter *x = w->head; x; x = x->next) {
 			if (x->seq != s->seq[i])
 				continue;
+			if (!(ev & (POLLHUP | POLLERR | POLLNVAL))) {
+				x->read_closed = true;
+				break;
+			}
 			unlink_waiter(w, x);
 			x->next = gone;
 			gone = x;
@@ -237,12 +295,15 @@ static void *waiters_main(void *arg)
 	return NULL;
 }
 
-waiters *waiters_start(int max_waiters, const waiters_ops *ops)
+waiters *waiters_start(int max_waiters, int max_per_tenant, int max_reclaims,
+			const waiters_ops *ops)
 {
 	waiters *w = xcalloc(1, sizeof *w);
+	w->reclaim_max = max_reclaims > 0 ? max_reclaims : 1;
 	pthread_mutex_init(&w->mu, NULL);
 	atomic_init(&w->waiting, 0);
 	atomic_init(&w->max, max_waiters);
+	w->max_per_tenant = max_per_tenant;
 	w->ops = *ops;
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	IP_ASSERT(w->efd >= 0);
@@ -252,35 +313,109 @@ waiters *waiters_start(int max_waiters, const waiters_ops *ops)
 	return w;
 }
 
-void waiters_set_max(waiters *w, int max_waiters)
-{
-	atomic_store(&w->max, max_waiters);
-}
-
-bool waiters_admit(waiters *w, job *j)
+void waiters_set_max(waiters *w, int max_waiters, int max_per_tenant)
 {
 	pthread_mutex_lock(&w->mu);
-	bool draining = w->draining;
+	atomic_store(&w->max, max_waiters);
+	w->max_per_tenant = max_per_tenant;
 	pthread_mutex_unlock(&w->mu);
-	const char *why = draining ? "shutdown" : "rejected_full";
-	if (!draining) {
-		int n = atomic_fetch_add(&w->waiting, 1);
-		if (n < atomic_load(&w->max)) {
-			metrics_set_waiters(n + 1);
-			return true;
+}
+
+/* With the lock held. */
+static int per_tenant(const waiters *w)
+{
+	if (w->max_per_tenant > 0)
+		return w->max_per_tenant;
+	int half = (atomic_load(&w->max) + 1) / 2;
+	return half > 0 ? half : 1;
+}
+
+static tenant_slot **tenant_bucket(waiters *w, const char *tenant)
+{
+	uint32_t h = 2166136261u; /* FNV-1a */
+	for (const char *c = tenant; *c; c++)
+		h = (h ^ (uint8_t)*c) * 16777619u;
+	return &w->tenants[h % TENANT_BUCKETS];
+}
+
+/* With the lock held: the tenant's entry, made if it has none. */
+static tenant_slot *tenant_get(waiters *w, const char *tenant)
+{
+	tenant_slot **b = tenant_bucket(w, tenant);
+	for (tenant_slot *t = *b; t; t = t->next)
+		if (!strcmp(t->name, tenant))
+			return t;
+	size_t n = strlen(tenant);
+	tenant_slot *t = xcalloc(1, sizeof *t + n + 1);
+	memcpy(t->name, tenant, n + 1);
+	t->next = *b;
+	*b = t;
+	return t;
+}
+
+/* With the lock held: frees the entry once nobody of the tenant waits. */
+static void tenant_put(waiters *w, tenant_slot *t)
+{
+	if (t->n > 0)
+		return;
+	for (tenant_slot **p = tenant_bucket(w, t->name); *p; p = &(*p)->next)
+		if (*p == t) {
+			*p = t->next;
+			free(t);
+			return;
 		}
-		atomic_fetch_sub(&w->waiting, 1);
+}
+
+/* With the lock held: NULL when admitted, else the outcome to count. */
+static const char *admit_locked(waiters *w, job *j, const char *tenant)
+{
+	if (w->draining)
+		return "shutdown";
+	int n = atomic_load(&w->waiting);
+	if (n >= atomic_load(&w->max))
+		return "rejected_full";
+	tenant_slot *t = tenant_get(w, tenant);
+	if (t->n >= per_tenant(w)) {
+		tenant_put(w, t);
+		return "rejected_tenant_full";
 	}
+	atomic_store(&w->waiting, n + 1);
+	t->n++;
+	j->wait_slot = t;
+	metrics_set_waiters(n + 1);
+	return NULL;
+}
+
+bool waiters_admit(waiters *w, job *j, const char *tenant)
+{
+	pthread_mutex_lock(&w->mu);
+	const char *why = admit_locked(w, j, tenant);
+	int max = atomic_load(&w->max), per = per_tenant(w);
+	pthread_mutex_unlock(&w->mu);
+	if (!why)
+		return true;
 	metrics_wait_outcome(j->route_name, why);
 	log_info("duplicate not held: too many waiting", "request_id=%s "
-		 "route=%s outcome=%s max_waiters=%d", j->request_id,
-		 j->route_name, why, atomic_load(&w->max));
+		 "route=%s outcome=%s max_waiters=%d "
+		 "max_waiters_per_tenant=%d", j->request_id, j->route_name, why,
+		 max, per);
 	return false;
 }
 
 void waiters_leave(waiters *w, job *j, const char *outcome)
 {
+	pthread_mutex_lock(&w->mu);
+	bool freed = reclaim_done(w, j);
+	tenant_slot *t = j->wait_slot;
+	j->wait_slot = NULL;
+	if (t) {
+		t->n--;
+		tenant_put(w, t);
+	}
 	int n = atomic_fetch_sub(&w->waiting, 1) - 1;
+	pthread_mutex_unlock(&w->mu);
+	if (freed)
+		poke(w);
 	metrics_set_waiters(n);
 	double waited = ip_now_ms() - j->wait_since_ms;
 	metrics_observe_wait_ms(waited);
@@ -315,8 +450,10 @@ bool waiters_park(waiters *w, job *j, const uint8_t scope[WAKE_SCOPE_LEN],
 		  double recheck_ms, uint64_t generation)
 {
 	pthread_mutex_lock(&w->mu);
+	reclaim_done(w, j);
 	if (w->draining) {
 		pthread_mutex_unlock(&w->mu);
+		poke(w);
 		return false;
 	}
 	waiter *x = xcalloc(1, sizeof *x);
@@ -372,7 +509,7 @@ int waiters_count(waiters *w)
 static waiter *take_all(waiters *w)
 {
 	waiter *all = w->head;
-	w->head = NULL;
+	w->head = w->tail = NULL;
 	w->parked = 0;
 	return all;
 }

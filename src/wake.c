@@ -1,33 +1,48 @@
 #include "wake.h"
 
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "util.h"
 
-void wake_scope(const char *tenant, const char *operation, const char *key,
+void wake_scope(const wake_key *wk, const char *tenant,
+		const char *operation, const char *key,
 		uint8_t out[WAKE_SCOPE_LEN])
 {
 	static const char tag[] = "idemproxy-wait";
-	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-	IP_ASSERT(ctx);
-	IP_ASSERT(EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1);
 	const char *parts[4] = {tag, tenant, operation, key};
-	for (int i = 0; i < 4; i++)
-		IP_ASSERT(EVP_DigestUpdate(ctx, parts[i],
-					   strlen(parts[i]) + (i < 3)) == 1);
+	size_t lens[4], n = 0;
+	for (int i = 0; i < 4; i++) {
+		lens[i] = strlen(parts[i]) + (i < 3);
+		n += lens[i];
+	}
+	/* Keys and tenants are bounded, but not by this file. */
+	char stack[2048];
+	char *msg = n <= sizeof stack ? stack : xmalloc(n);
+	size_t o = 0;
+	for (int i = 0; i < 4; i++) {
+		memcpy(msg + o, parts[i], lens[i]); /* with its NUL */
+		o += lens[i];
+	}
 	uint8_t md[EVP_MAX_MD_SIZE];
-	unsigned n = 0;
-	IP_ASSERT(EVP_DigestFinal_ex(ctx, md, &n) == 1 && n >= WAKE_SCOPE_LEN);
-	EVP_MD_CTX_free(ctx);
+	unsigned mdlen = 0;
+	IP_ASSERT(wk->len >= WAKE_KEY_MIN && wk->len <= WAKE_KEY_MAX);
+	IP_ASSERT(HMAC(EVP_sha256(), wk->k, (int)wk->len, (uint8_t *)msg, n,
+		       md, &mdlen) != NULL &&
+		  mdlen >= WAKE_SCOPE_LEN);
+	if (msg != stack)
+		free(msg);
 	memcpy(out, md, WAKE_SCOPE_LEN);
 }
 
-void wake_scope_hex(const char *tenant, const char *operation,
-		    const char *key, char out[WAKE_SCOPE_HEX + 1])
+void wake_scope_hex(const wake_key *wk, const char *tenant,
+		    const char *operation, const char *key,
+		    char out[WAKE_SCOPE_HEX + 1])
 {
 	uint8_t b[WAKE_SCOPE_LEN];
-	wake_scope(tenant, operation, key, b);
+	wake_scope(wk, tenant, operation, key, b);
 	ip_hex(b, WAKE_SCOPE_LEN, out);
 }
 

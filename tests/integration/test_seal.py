@@ -15,7 +15,7 @@ import requests
 
 from conftest import ADMIN_TOKEN, run_binary
 from helpers import TIMEOUT, assert_problem, is_replay, new_key, wait_until
-from store_support import insert_record, metrics, pay
+from store_support import insert_record, metrics, pay, reaper_pass
 
 K1 = base64.b64encode(bytes(range(32))).decode()
 K2 = base64.b64encode(bytes(range(100, 132))).decode()
@@ -430,3 +430,66 @@ def test_rotation_in_two_phases_keeps_every_record_readable_on_every_instance(
         assert "added in this same reload" not in p.log()
     for k in answers:
         assert stub.count(key=k) == 1
+
+
+def seal_counts(proxy):
+    m = metrics(proxy)
+    return ({k: v for k, v in m.items() if k.startswith("idemproxy_seal_key_seals{")},
+            m.get("idemproxy_seal_active_key_seals"), m.get("idemproxy_seal_warn_seals"))
+
+
+WARNING = "sealing key nears its nonce budget"
+
+
+def test_seals_per_key_are_counted_and_warned_of_before_the_budget(make_proxy, stub, pg,
+                                                                   tmp_path):
+    # Random 96-bit nonces are safe for about 2^32 seals per key: every
+    # seal is counted per key id in the store, exported, and a warning
+    # (log and gauges an alert compares) comes at warn_seals.
+    personal(stub)
+    path = write_keys(str(tmp_path / "keys"), {"k1": K1}, "k1")
+    top = {"store_encryption": {"keys": path, "warn_seals": 5},
+           "reaper": {"interval": "100ms"}}
+    proxy = make_proxy(top=top)
+    for _ in range(2):  # headers and body: two seals a record
+        assert pay(proxy, new_key()).status_code == 201
+    wait_until(lambda: seal_counts(proxy)[0].get('idemproxy_seal_key_seals{key="k1"}') == 4,
+               what="4 seals counted (now %r)" % (seal_counts(proxy),))
+    per_key, active, warn_at = seal_counts(proxy)
+    assert (active, warn_at) == (4, 5)
+    assert WARNING not in proxy.log()
+    assert pg.query("SELECT seals FROM idemproxy_seal_counts "
+                    "WHERE seal_key = 'k1'")[0]["seals"] == 4
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+    wait_until(lambda: WARNING in proxy.log(), what="the budget warning")
+    per_key, active, warn_at = seal_counts(proxy)
+    assert per_key == {'idemproxy_seal_key_seals{key="k1"}': 6}
+    assert active >= warn_at == 5
+    assert 'key=k1 seals=6 warn_seals=5' in proxy.log()
+    # A replay opens, and seals nothing.
+    assert is_replay(pay(proxy, key))
+    reaper_pass(pg)
+    assert pg.query("SELECT seals FROM idemproxy_seal_counts")[0]["seals"] == 6
+    # The count lives in the store: another instance sees it at once.
+    other = make_proxy(top=top)
+    wait_until(lambda: seal_counts(other)[1] == 6, what="the other instance's count")
+    assert WARNING in other.log()
+
+
+def stored_seals(pg):
+    return {r["seal_key"]: r["seals"] for r in
+            pg.query("SELECT seal_key, seals FROM idemproxy_seal_counts")}
+
+
+def test_reencrypt_and_a_stopping_proxy_count_their_seals(make_proxy, stub, pg, tmp_path):
+    personal(stub)
+    proxy, keys = sealed_proxy(make_proxy, tmp_path)
+    for _ in range(3):
+        assert pay(proxy, new_key()).status_code == 201
+    assert proxy.stop() == 0  # its last reaper pass writes the tally
+    assert stored_seals(pg) == {"k1": 6}
+    write_keys(keys, {"k1": K1, "k2": K2}, "k2")
+    r = run_binary(["-c", proxy.conf_path, "--reencrypt", "--batch", "2"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert stored_seals(pg) == {"k1": 6, "k2": 6}
