@@ -533,11 +533,15 @@ static void *sched_main(void *arg)
 	s->tsan_main = __tsan_get_current_fiber();
 #endif
 	struct epoll_event evs[64];
+	/* The last sleep ended at the heartbeat with nothing to do. */
+	bool beat_only = false;
 	for (;;) {
 		atomic_store_explicit(&s->due_ms, ip_now_ms(),
 				      memory_order_relaxed);
 		take_calls(s);
 		take_remote(s);
+		if (s->run_head)
+			beat_only = false;
 		while (s->run_head) {
 			fiber *f = s->run_head;
 			s->run_head = f->next;
@@ -555,7 +559,10 @@ static void *sched_main(void *arg)
 		int timeout = with_source(s, next_timeout(s), &src_deadline);
 		fiber_poll_hooks *hooks = atomic_load(&s->poll);
 		double deadline;
-		if (timeout != 0 && hooks && hooks->ok(&deadline)) {
+		/* Busy polling follows activity; a heartbeat's wake-up is
+		 * none, or an idle loop would poll every FIBER_BEAT_MS. */
+		if (timeout != 0 && !beat_only && hooks &&
+		    hooks->ok(&deadline)) {
 			/* busy polling: look without sleeping */
 			int n = 0;
 			double t0 = ip_now_ms();
@@ -581,12 +588,14 @@ static void *sched_main(void *arg)
 		/* The heartbeat: even with nothing to do the loop comes round
 		 * every FIBER_BEAT_MS, so that a thread stopped in its sleep
 		 * shows as late too. */
-		if (timeout < 0 || timeout > FIBER_BEAT_MS)
+		bool capped = timeout < 0 || timeout > FIBER_BEAT_MS;
+		if (capped)
 			timeout = FIBER_BEAT_MS;
 		atomic_store_explicit(&s->due_ms, ip_now_ms() + timeout,
 				      memory_order_relaxed);
 		int n = epoll_wait(s->ep, evs, 64, timeout);
 		atomic_store(&s->sleeping, false);
+		beat_only = capped && n == 0;
 		handle_events(s, evs, n);
 		run_source(s, src_deadline);
 	}
