@@ -247,7 +247,10 @@ class PgRelay:
         """One recv; b"" at the end. With a hold waiting, returns None after
         a short slice without data so the caller can look at the hold."""
         if waiting:
-            r, _, _ = select.select([sock], [], [], POLL)
+            try:
+                r, _, _ = select.select([sock], [], [], POLL)
+            except ValueError:   # closed meanwhile (a cut, or stop())
+                return b""
             if not r:
                 return None
         return sock.recv(65536)
