@@ -93,7 +93,7 @@ test: deps
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	@scripts/run-demo.sh
+	@demo/run.sh
 
 clean:
 	rm -rf build build-* .run
