@@ -9,7 +9,7 @@
 #   make bench-syscalls system calls and context switches per fresh-key
 #                       request (perf stat, strace -c); build-bench/syscalls.txt
 #   make bench-model    idemproxy's CPU per fresh key beside a model of an
-#                       event-driven first attempt (evloop_model.c) and
+#                       event-driven first attempt (programs/evloop_model.c) and
 #                       pgbench's own CPU per raw pair; build-bench/model.md
 #   make bench-citus    the store's rows on a plain PostgreSQL and on a Citus
 #                       coordinator with two workers on this machine, with
@@ -40,13 +40,13 @@ $(call with_no_d,$(BENCH_PROGS)): $(wildcard include/*.h)
 -include $(wildcard $(BENCH_PROGS:=.d))
 
 # The stub needs only the allocation and buffer helpers.
-$(BUILD)/stub_upstream: tests/bench/stub_upstream.c $(BUILD)/util.o
+$(BUILD)/stub_upstream: tests/bench/programs/stub_upstream.c $(BUILD)/util.o
 	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< $(BUILD)/util.o -lpthread
 
-$(BUILD)/wake_cost: tests/bench/wake_cost.c | $(BUILD)
+$(BUILD)/wake_cost: tests/bench/programs/wake_cost.c | $(BUILD)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< -lpthread
 
-$(BUILD)/evloop_model: tests/bench/evloop_model.c | $(BUILD) pkg-check
+$(BUILD)/evloop_model: tests/bench/programs/evloop_model.c | $(BUILD) pkg-check
 	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< -lpq
 
 bench: bench-deps
