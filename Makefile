@@ -2,6 +2,16 @@
 
 CC      ?= cc
 PKGS    := libmicrohttpd libcurl libpq jansson libcrypto libconfig zlib jose
+# The Debian package that installs each one's .pc file (`make deps` installs
+# them all); pkg-check names the missing ones before a compiler would fail.
+DEB_libmicrohttpd := libmicrohttpd-dev
+DEB_libcurl       := libcurl4-openssl-dev
+DEB_libpq         := libpq-dev
+DEB_jansson       := libjansson-dev
+DEB_libcrypto     := libssl-dev
+DEB_libconfig     := libconfig-dev
+DEB_zlib          := zlib1g-dev
+DEB_jose          := libjose-dev
 OPT     ?= -O2 -g
 CFLAGS  ?= $(OPT)
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
@@ -19,6 +29,13 @@ MALLOC  ?= jemalloc
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null) $(if $(MALLOC),-l$(MALLOC)) -lpthread
 PYTHON  := /usr/bin/python3
 BUILD   ?= build
+# Each compile writes the headers its output includes into a .d file beside
+# it (-MMD; -MP so that a header deleted since is no error), read at the end:
+# a changed header rebuilds only what includes it. An output with no .d
+# beside it (built before there were any) depends on every header, as all
+# did then.
+DEPFLAGS := -MMD -MP
+with_no_d = $(foreach t,$(1),$(if $(wildcard $(basename $(t)).d),,$(t)))
 
 SRCS    := $(wildcard src/*.c)
 ASRCS   := $(wildcard src/*.S)
@@ -29,7 +46,7 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRCS))
 MIGRATIONS := $(sort $(wildcard sql/*.sql))
 
-.PHONY: all deps run test unit integration check-busy-poll check-threads clean
+.PHONY: all deps pkg-check run test unit integration check-busy-poll check-threads clean
 all: $(BUILD)/idemproxy
 
 deps:
@@ -38,34 +55,47 @@ deps:
 $(BUILD):
 	@mkdir -p $(BUILD)
 
-$(BUILD)/%.o: src/%.c $(wildcard include/*.h) | $(BUILD)
-	$(CC) $(CFLAGS) -c -o $@ $<
+# Run before any compile: a library pkg-config cannot find would otherwise
+# show up as a missing header or an undefined flag from the compiler.
+pkg-check:
+	@command -v pkg-config >/dev/null 2>&1 || { echo "pkg-config is missing: \
+	install the Debian package pkg-config, or run \`make deps\`" >&2; exit 1; }
+	@missing=; for p in $(foreach p,$(PKGS),$(p)=$(DEB_$(p))); do \
+		pkg-config --exists "$${p%%=*}" && continue; \
+		echo "pkg-config cannot find $${p%%=*} (the Debian package $${p#*=})" >&2; \
+		missing="$$missing $${p#*=}"; \
+	done; [ -z "$$missing" ] || { echo "install them with: apt-get install$$missing \
+	(or run \`make deps\`, which installs everything the build and the tests need)" >&2; \
+	exit 1; }
+
+$(BUILD)/%.o: src/%.c | $(BUILD) pkg-check
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
 
 # Assembly (the switch between fibers), through the preprocessor so that it
 # sees what the C files are built for (-fcf-protection sets __CET__).
-$(BUILD)/%.o: src/%.S | $(BUILD)
-	$(CC) $(CFLAGS) -c -o $@ $<
+$(BUILD)/%.o: src/%.S | $(BUILD) pkg-check
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
 
 # The migrations are compiled into the binary so a deployment needs no sql/ dir.
 # sql itself is a prerequisite too: a migration removed or renamed changes it.
 $(BUILD)/migrations.c: $(MIGRATIONS) sql scripts/embed-sql.sh | $(BUILD)
 	scripts/embed-sql.sh $(MIGRATIONS) > $@
 
-$(BUILD)/migrations.o: $(BUILD)/migrations.c
+$(BUILD)/migrations.o: $(BUILD)/migrations.c | pkg-check
 	$(CC) $(CFLAGS) -c -o $@ $<
 
 $(BUILD)/idemproxy: $(OBJS)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)
 
 $(BUILD)/test_%: tests/unit/test_%.c $(LIBOBJS)
-	$(CC) $(CFLAGS) -o $@ $< $(LIBOBJS) $(LDFLAGS) $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< $(LIBOBJS) $(LDFLAGS) $(LDLIBS) -lcmocka
 
 unit: $(UNIT_BINS)
 	@set -e; for t in $(UNIT_BINS); do echo "== $$t"; $$t; done
 
 # Store-level checks that the black box cannot reach (fencing), run by pytest.
 $(BUILD)/store_check: tests/integration/store_check.c $(LIBOBJS)
-	$(CC) $(CFLAGS) -o $@ $< $(LIBOBJS) $(LDFLAGS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< $(LIBOBJS) $(LDFLAGS) $(LDLIBS)
 
 integration: $(BUILD)/idemproxy $(BUILD)/store_check
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
@@ -93,10 +123,14 @@ test: deps
 
 run: deps
 	@$(MAKE) --no-print-directory all
-	@scripts/run-demo.sh
+	@demo/run.sh
 
 clean:
 	rm -rf build build-* .run
 
 # Further targets (sanitizers, fuzzing, benchmark) live in mk/*.mk.
 -include $(wildcard mk/*.mk)
+
+DEP_OUTPUTS := $(filter-out $(BUILD)/migrations.o,$(OBJS)) $(UNIT_BINS) $(BUILD)/store_check
+$(call with_no_d,$(DEP_OUTPUTS)): $(wildcard include/*.h)
+-include $(wildcard $(addsuffix .d,$(basename $(DEP_OUTPUTS))))

@@ -32,5 +32,5 @@ make -C "$SRC" --no-print-directory BUILD="$BUILD" -j"$(nproc)" "$BUILD/idemprox
 install -d "$PREFIX/bin" "$PREFIX/share/idemproxy"
 install -m 0755 -s "$BUILD/idemproxy" "$PREFIX/bin/idemproxy"
 install -m 0644 "$SRC/conf/idemproxy.conf" "$PREFIX/share/idemproxy/idemproxy.conf.example"
-install -m 0755 "$SRC/scripts/demo_upstream.py" "$PREFIX/share/idemproxy/demo_upstream.py"
+install -m 0755 "$SRC/demo/upstream.py" "$PREFIX/share/idemproxy/demo_upstream.py"
 echo "build.sh: installed $PREFIX/bin/idemproxy"

@@ -4,7 +4,7 @@
  * of them, so that under load one wake-up serves several waits.
  *
  * Why: on this kind of machine a thread that sleeps in poll(2) and is woken
- * on another CPU costs tens of microseconds of CPU (tests/bench/wake_cost.c);
+ * on another CPU costs tens of microseconds of CPU (tests/bench/programs/wake_cost.c);
  * a worker thread per request pays that at each of its waits (claim,
  * upstream, record), a fiber only when the whole scheduler has nothing to
  * do.

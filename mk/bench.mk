@@ -9,7 +9,7 @@
 #   make bench-syscalls system calls and context switches per fresh-key
 #                       request (perf stat, strace -c); build-bench/syscalls.txt
 #   make bench-model    idemproxy's CPU per fresh key beside a model of an
-#                       event-driven first attempt (evloop_model.c) and
+#                       event-driven first attempt (programs/evloop_model.c) and
 #                       pgbench's own CPU per raw pair; build-bench/model.md
 #   make bench-citus    the store's rows on a plain PostgreSQL and on a Citus
 #                       coordinator with two workers on this machine, with
@@ -34,15 +34,20 @@ bench-build:
 		$(BENCH_BIN)/idemproxy $(BENCH_BIN)/stub_upstream \
 		$(BENCH_BIN)/wake_cost $(BENCH_BIN)/evloop_model
 
+# Header dependencies, as in the Makefile.
+BENCH_PROGS := $(patsubst %,$(BUILD)/%,stub_upstream wake_cost evloop_model)
+$(call with_no_d,$(BENCH_PROGS)): $(wildcard include/*.h)
+-include $(wildcard $(BENCH_PROGS:=.d))
+
 # The stub needs only the allocation and buffer helpers.
-$(BUILD)/stub_upstream: tests/bench/stub_upstream.c $(BUILD)/util.o
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/util.o -lpthread
+$(BUILD)/stub_upstream: tests/bench/programs/stub_upstream.c $(BUILD)/util.o
+	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< $(BUILD)/util.o -lpthread
 
-$(BUILD)/wake_cost: tests/bench/wake_cost.c
-	$(CC) $(CFLAGS) -o $@ $< -lpthread
+$(BUILD)/wake_cost: tests/bench/programs/wake_cost.c | $(BUILD)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< -lpthread
 
-$(BUILD)/evloop_model: tests/bench/evloop_model.c
-	$(CC) $(CFLAGS) -o $@ $< -lpq
+$(BUILD)/evloop_model: tests/bench/programs/evloop_model.c | $(BUILD) pkg-check
+	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< -lpq
 
 bench: bench-deps
 	@$(MAKE) --no-print-directory bench-build

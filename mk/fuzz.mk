@@ -39,6 +39,10 @@ FUZZ_OBJS := $(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_DEPS_$(t))))
 # Reached only through the pattern rule below; keep them between builds.
 .SECONDARY: $(FUZZ_OBJS)
 
+# Header dependencies, as in the Makefile.
+$(call with_no_d,$(FUZZ_OBJS) $(FUZZ_BINS)): $(wildcard include/*.h)
+-include $(wildcard $(FUZZ_OBJS:.o=.d) $(FUZZ_BINS:=.d))
+
 .PHONY: fuzz fuzz-build
 fuzz-build: $(FUZZ_BINS)
 
@@ -49,10 +53,10 @@ $(FUZZ_BUILD)/obj:
 	@mkdir -p $@
 
 # fuzzer-no-link: coverage instrumentation without libFuzzer's main().
-$(FUZZ_BUILD)/obj/%.o: src/%.c $(wildcard include/*.h) | $(FUZZ_BUILD)/obj
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+$(FUZZ_BUILD)/obj/%.o: src/%.c | $(FUZZ_BUILD)/obj pkg-check
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
 
 .SECONDEXPANSION:
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_DEPS_$$*) $(wildcard include/*.h)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< \
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_DEPS_$$*)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) $(DEPFLAGS) -fsanitize=fuzzer -o $@ $< \
 		$(FUZZ_DEPS_$*) $(FUZZ_LIBS)

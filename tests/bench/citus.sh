@@ -138,14 +138,14 @@ citus_main() {
 	PG_PID=$PLAIN_PID
 	PROXY_PORT=$(free_port) ADMIN_PORT=$(free_port)
 	DB_URL=$PLAIN_URL CONF_NAME=idemproxy-plain migrate
-	psql -X -q -v ON_ERROR_STOP=1 "$PLAIN_URL" -f "$HERE/raw_pair_table.sql" >>"$LOGS/raw_pair_table.log" 2>&1 ||
+	psql -X -q -v ON_ERROR_STOP=1 "$PLAIN_URL" -f "$HERE/pgbench/raw_pair_table.sql" >>"$LOGS/raw_pair_table.log" 2>&1 ||
 		die "creating the raw pair's table failed"
 	DB_URL=$PLAIN_URL CONF_NAME=idemproxy-plain start_proxy warn
 	PLAIN_PROXY_PID=$PROXY_PID PLAIN_PROXY=$PROXY PLAIN_ADMIN=$ADMIN
 
 	PROXY_PORT=$(free_port) ADMIN_PORT=$(free_port)
 	DB_URL=$CITUS_URL DB_EXTRA='distributed = "citus";' CONF_NAME=idemproxy-citus migrate
-	psql -X -q -v ON_ERROR_STOP=1 "$CITUS_URL" -f "$HERE/raw_pair_table.sql" \
+	psql -X -q -v ON_ERROR_STOP=1 "$CITUS_URL" -f "$HERE/pgbench/raw_pair_table.sql" \
 		-c "SELECT create_distributed_table('bench_raw_pair', 'k')" >>"$LOGS/raw_pair_table.log" 2>&1 ||
 		die "creating the distributed raw pair's table failed"
 	DB_URL=$CITUS_URL DB_EXTRA='distributed = "citus";' CONF_NAME=idemproxy-citus start_proxy warn
@@ -170,7 +170,7 @@ citus_main() {
 		both replay_run replay-c16 16 2
 	done
 	DUR=$dur
-	"$PYTHON" "$HERE/report_citus.py" --data "$DATA" --out "$OUT/citus.md" \
+	"$PYTHON" "$HERE/report/report_citus.py" --data "$DATA" --out "$OUT/citus.md" \
 		--duration "$DUR" --cpus "$(nproc)" --elapsed $((SECONDS - START_S)) \
 		--load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
 		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")"

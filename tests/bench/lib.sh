@@ -89,7 +89,7 @@ write_conf() {
 		-e "s#@DB_URL@#$DB_URL#" -e "s#@UPSTREAM@#$STUB#" \
 		-e "s/@WORKERS@/$WORKERS/" -e "s/@LOG_LEVEL@/$level/" \
 		-e "s/@DB_EXTRA@/${DB_EXTRA:-}/" -e "s/@ROUTE_EXTRA@/${ROUTE_EXTRA:-}/" \
-		"$HERE/idemproxy.conf.in" >"$conf"
+		"$HERE/conf/idemproxy.conf.in" >"$conf"
 	[ -z "${EXTRA_CONF:-}" ] || printf '%s\n' "$EXTRA_CONF" >>"$conf"
 	echo "$conf"
 }

@@ -69,7 +69,7 @@ psql_db() {
 wrk_slice() {
 	local log=$LOGS/wrk-$2.txt line
 	BENCH_HIST=/dev/null wrk -t"$THREADS" -c"$CONNS" -d"${DUR}s" --timeout 10s \
-		-s "$HERE/fresh.lua" "$1" -- "$2" >"$log" 2>&1 || die "wrk failed (see $log)"
+		-s "$HERE/wrk/fresh.lua" "$1" -- "$2" >"$log" 2>&1 || die "wrk failed (see $log)"
 	line=$(grep '^BENCH ' "$log" | tail -n 1)
 	parse_bench "$line"
 	[ "$((B_status + B_connect + B_read + B_write + B_timeout))" = 0 ] ||
@@ -129,7 +129,7 @@ main() {
 	ADMIN_PORT=$(free_port)
 	PG_PID=$(pg_pid)
 	migrate
-	psql_db -f "$HERE/raw_pair_table.sql" >"$LOGS/raw_pair_table.log" 2>&1 ||
+	psql_db -f "$HERE/pgbench/raw_pair_table.sql" >"$LOGS/raw_pair_table.log" 2>&1 ||
 		die "creating the raw pair's table failed (see $LOGS/raw_pair_table.log)"
 	start_proxy warn
 	local fibers_port=$PROXY_PORT fibers_pid=$PROXY_PID
@@ -172,7 +172,7 @@ main() {
 		run=$((run + 1))
 		(cd "$TMP" && exec pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n \
 			-M prepared -c "$CONNS" -j "$THREADS" -T "$DUR" -D run="$((900 + run))" -D n=0 \
-			-f "$ROOT/$HERE/raw_pair.sql" idemproxy) >"$LOGS/pgbench-$s.txt" 2>&1 &
+			-f "$ROOT/$HERE/pgbench/raw_pair.sql" idemproxy) >"$LOGS/pgbench-$s.txt" 2>&1 &
 		local pgb=$! last="" cur
 		sleep 0.5
 		c0=$(cpu_s "$pgb") p0=$(tree_cpu_s "$PG_PID")

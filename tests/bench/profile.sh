@@ -7,7 +7,7 @@
 # the run into phases, each dumped to its own file:
 #   1 startup   up to the first /readyz answer
 #   2 idle      BENCH_PROFILE_IDLE_S seconds of nothing: the baseline rate
-#   3 forward   N first attempts, one at a time (tests/bench/client.py)
+#   3 forward   N first attempts, one at a time (tests/bench/clients/client.py)
 #   4 replay    the same N requests again: N replays, from the replay cache
 #               (replay_cache_ttl is 10m here: under callgrind the forward
 #               phase outlasts the default 10s, and its entries would be
@@ -83,7 +83,7 @@ phase_cost() {
 annotate() {
 	local title=$1 file=$2
 	printf '\n==== %s: top functions, exclusive Ir (%s) ====\n' "$title" "$file"
-	"$PYTHON" "$HERE/cg_top.py" "$file" 40
+	"$PYTHON" "$HERE/report/cg_top.py" "$file" 40
 	printf '\n==== %s: top functions, inclusive Ir ====\n' "$title"
 	callgrind_annotate --auto=no --inclusive=yes --threshold=99 "$file" 2>&1 |
 		sed -n '/file:function/,$p' | sed -n '1,42p'
@@ -123,11 +123,11 @@ main() {
 	sleep "$IDLE_S"
 	dump idle
 	t1=$(now)
-	"$PYTHON" "$HERE/client.py" "$PROXY_PORT" forward "$N" "$TAG" ||
+	"$PYTHON" "$HERE/clients/client.py" "$PROXY_PORT" forward "$N" "$TAG" ||
 		die "the forward phase failed"
 	dump forward
 	t2=$(now)
-	"$PYTHON" "$HERE/client.py" "$PROXY_PORT" replay "$N" "$TAG" ||
+	"$PYTHON" "$HERE/clients/client.py" "$PROXY_PORT" replay "$N" "$TAG" ||
 		die "the replay phase failed"
 	dump replay
 	t3=$(now)
@@ -150,8 +150,8 @@ main() {
 	fwd=$(phase_cost "$CG/callgrind.out.3" "$fwd_s")
 	rep=$(phase_cost "$CG/callgrind.out.4" "$rep_s")
 	local fwd_ms rep_ms
-	fwd_ms=$("$PYTHON" "$HERE/cg_top.py" "$CG/callgrind.out.3" --self __memset)
-	rep_ms=$("$PYTHON" "$HERE/cg_top.py" "$CG/callgrind.out.4" --self __memset)
+	fwd_ms=$("$PYTHON" "$HERE/report/cg_top.py" "$CG/callgrind.out.3" --self __memset)
+	rep_ms=$("$PYTHON" "$HERE/report/cg_top.py" "$CG/callgrind.out.4" --self __memset)
 	{
 		echo "idemproxy instructions per request (callgrind, $N requests per phase,"
 		echo "sequential, one keep-alive connection, $WORKERS workers, log_level $LOG_LEVEL)"

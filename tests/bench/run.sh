@@ -5,7 +5,7 @@
 #
 # Starts, each on a free port: a throwaway PostgreSQL with fsync and
 # synchronous_commit on (scripts/pg-local.sh), the C stub upstream
-# (tests/bench/stub_upstream.c), nginx as a plain keep-alive reverse proxy in
+# (tests/bench/programs/stub_upstream.c), nginx as a plain keep-alive reverse proxy in
 # front of the same stub, and idemproxy (build-bench/bin, -O2). wrk drives
 # each with the Lua scripts beside this file; pgbench runs exactly the
 # statements idemproxy sends for a first attempt (and for a replay) against
@@ -105,7 +105,7 @@ start_nginx() {
 	chmod 755 "$dir"
 	sed -e "s#@PREFIX@#$dir#g" -e "s/@PORT@/$NGINX_PORT/" \
 		-e "s/@UPSTREAM_PORT@/$STUB_PORT/" -e "s/@WORKERS@/auto/" \
-		"$HERE/nginx.conf.in" >"$dir/nginx.conf"
+		"$HERE/conf/nginx.conf.in" >"$dir/nginx.conf"
 	nginx -p "$dir/" -c "$dir/nginx.conf" -g 'daemon off;' \
 		>"$LOGS/nginx.log" 2>&1 &
 	NGINX_PID=$!
@@ -311,7 +311,7 @@ wrk_run() {
 	note "$id: $scenario, $target, $conns connection(s), ${DUR}s"
 	[ "$RECORD" = 0 ] || hist=$DATA/$id.hist
 	BENCH_HIST=$hist wrk -t"$threads" -c"$conns" -d"${DUR}s" --timeout 10s \
-		-s "$HERE/$script" "$url" -- "$tag" >>"$log" 2>&1 ||
+		-s "$HERE/wrk/$script" "$url" -- "$tag" >>"$log" 2>&1 ||
 		die "wrk failed (see $log)"
 	line=$(grep '^BENCH ' "$log" | tail -n 1 || true)
 	[ -n "$line" ] || die "wrk printed no result (see $log)"
@@ -489,7 +489,7 @@ heavy_runs() {
 	for i in 1 2; do
 		replay_run replay-c1-quiet 1 1 "no other client (heavy pair)"
 		rm -f "$ready" "$stats"
-		"$PYTHON" "$HERE/heavy_client.py" "$PROXY" "$TAG-heavy-$i" \
+		"$PYTHON" "$HERE/clients/heavy_client.py" "$PROXY" "$TAG-heavy-$i" \
 			"$ready" "$stats" >>"$LOGS/heavy_client.log" 2>&1 &
 		pid=$!
 		for r in $(seq 100); do
@@ -586,7 +586,7 @@ pgbench_exec() {
 	backends=$(client_backends)
 	(cd "$TMP" && exec pgbench -h 127.0.0.1 -p "$PGPORT" -U postgres -n \
 		-M prepared -c "$conns" -j "$threads" -T "$DUR" "$@" \
-		-f "$ROOT/$HERE/$script" -l --log-prefix=pgb idemproxy) \
+		-f "$ROOT/$HERE/pgbench/$script" -l --log-prefix=pgb idemproxy) \
 		>>"$log" 2>&1 &
 	PGB_PID=$!
 	# PostgreSQL's CPU is counted from 0.2 s after pgbench's clients have
@@ -661,7 +661,7 @@ rss_run() {
 	pass0=$(requests_total passthrough)
 	note "rss: mixed load, 16 connections, ${RSS_WARM_S}s, then until ${targets[-1]} requests more (at most ${RSS_MAX_S}s)"
 	: >"$DATA/rss.tsv"
-	wrk -t2 -c16 -d"$((RSS_WARM_S + RSS_MAX_S))s" --timeout 10s -s "$HERE/mixed.lua" \
+	wrk -t2 -c16 -d"$((RSS_WARM_S + RSS_MAX_S))s" --timeout 10s -s "$HERE/wrk/mixed.lua" \
 		"$PROXY" -- "$tag" >"$LOGS/rss.txt" 2>&1 &
 	WRK_PID=$!
 	t0=$SECONDS
@@ -793,7 +793,7 @@ other_runs() {
 	stub_take
 	# Duplicates that wait (in_flight = "wait"): its own upstream and proxy;
 	# every key must reach the upstream exactly once.
-	"$PYTHON" "$HERE/wait_burst.py" "$BIN/idemproxy" "$DB_URL" 20 50 \
+	"$PYTHON" "$HERE/clients/wait_burst.py" "$BIN/idemproxy" "$DB_URL" 20 50 \
 		"$DATA/wait_burst.md" >"$LOGS/wait_burst.log" 2>&1 ||
 		fail "wait-burst: $(tail -n 1 "$LOGS/wait_burst.log")"
 }
@@ -834,7 +834,7 @@ main() {
 	PG_PID=$(pg_pid)
 	migrate
 	psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres \
-		-d idemproxy -f "$HERE/raw_pair_table.sql" >"$LOGS/raw_pair_table.log" 2>&1 ||
+		-d idemproxy -f "$HERE/pgbench/raw_pair_table.sql" >"$LOGS/raw_pair_table.log" 2>&1 ||
 		{ cat "$LOGS/raw_pair_table.log" >&2; die "creating the raw pair's table failed"; }
 	start_proxy warn
 	start_busy_proxy
@@ -875,7 +875,7 @@ main() {
 
 report() {
 	local elapsed=$((SECONDS - START_S))
-	"$PYTHON" "$HERE/report.py" --data "$DATA" --out "$OUT/results.md" \
+	"$PYTHON" "$HERE/report/report.py" --data "$DATA" --out "$OUT/results.md" \
 		--workers "$WORKERS" --duration "$DUR" --elapsed "$elapsed" \
 		--busy "$BUSY" --wide "$WIDE" --cpus "$(nproc)" --load "$LOAD_START / $(cut -d' ' -f1-3 /proc/loadavg)" \
 		--failures "$(printf '%s\n' "${FAILURES[@]+"${FAILURES[@]}"}")" \

@@ -6,7 +6,7 @@
 # idemproxy (the bench's configuration: BENCH_WORKERS workers, log_level
 # warn, busy_poll off) in front of the stub, PostgreSQL with fsync on.
 # For one connection (requests one at a time) and for BENCH_SYSCALLS_CONNS
-# connections, tests/bench/client.py sends N fresh keys, checking every
+# connections, tests/bench/clients/client.py sends N fresh keys, checking every
 # answer, twice:
 #   1. counted by `perf stat -p` (raw_syscalls:sys_enter, context-switches,
 #      cpu-migrations) and by the voluntary and nonvoluntary context
@@ -85,7 +85,7 @@ phase() {
 	if [ "$1" = idle ]; then
 		sleep "$2"
 	else
-		"$PYTHON" "$HERE/client.py" "$PROXY_PORT" forward "$N" "$TAG-$SEQ" "$1" ||
+		"$PYTHON" "$HERE/clients/client.py" "$PROXY_PORT" forward "$N" "$TAG-$SEQ" "$1" ||
 			die "the client's fresh keys did not all get a forwarded 201"
 	fi
 	PHASE_S=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')
@@ -157,7 +157,7 @@ main() {
 	start_proxy warn
 	note "idemproxy, $WORKERS workers; $N fresh keys per phase, at 1 and $CONNS connections"
 	# Warm: every worker's connection and statements.
-	"$PYTHON" "$HERE/client.py" "$PROXY_PORT" forward 500 "$TAG-warm" "$CONNS" ||
+	"$PYTHON" "$HERE/clients/client.py" "$PROXY_PORT" forward 500 "$TAG-warm" "$CONNS" ||
 		die "the warm-up failed"
 
 	counted idle-perf idle "$IDLE_S"
@@ -174,7 +174,7 @@ main() {
 
 	start_proxy info
 	note "log_level info: strace -c -f, for the request log's write(2) calls"
-	"$PYTHON" "$HERE/client.py" "$PROXY_PORT" forward 500 "$TAG-warm-info" "$CONNS" ||
+	"$PYTHON" "$HERE/clients/client.py" "$PROXY_PORT" forward 500 "$TAG-warm-info" "$CONNS" ||
 		die "the warm-up failed"
 	for c in 1 "$CONNS"; do
 		traced "info-c$c-strace" "$c"

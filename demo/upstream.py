@@ -18,7 +18,7 @@ Endpoints:
 A request header `Slow: <seconds>` (at most 10) delays the answer, to show a
 retry arriving while the first attempt is still in flight.
 
-Usage: demo_upstream.py [--host HOST] [--port PORT] [PORT]
+Usage: demo/upstream.py [--host HOST] [--port PORT] [PORT]
        (or DEMO_UPSTREAM_HOST / DEMO_UPSTREAM_PORT; default 127.0.0.1:9000)
 Only the Python standard library is used.
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The local demo behind `make run`: a throwaway PostgreSQL and the demo
-# payments API (scripts/demo_upstream.py) in the background, the schema
+# payments API (demo/upstream.py) in the background, the schema
 # migrated, then idemproxy in the foreground with conf/idemproxy.conf.
 # Ctrl-C stops all three. State lives in .run/ (`make clean` removes it).
 #
@@ -22,12 +22,12 @@ TAIL_PID=""
 PG_DIR=""
 
 die() {
-	echo "run-demo: $*" >&2
+	echo "demo: $*" >&2
 	exit 1
 }
 
 note() {
-	echo "run-demo: $*" >&2
+	echo "demo: $*" >&2
 }
 
 # The first "quoted" value of setting $1 at the start of a line of the conf.
@@ -103,7 +103,7 @@ cleanup() {
 start_upstream() {
 	local port=$1
 	: >"$RUN/upstream.log"
-	"$PYTHON" -u scripts/demo_upstream.py --host 127.0.0.1 --port "$port" \
+	"$PYTHON" -u demo/upstream.py --host 127.0.0.1 --port "$port" \
 		>>"$RUN/upstream.log" 2>&1 </dev/null &
 	UP_PID=$!
 	# Show what the upstream executes, interleaved with the proxy's log.

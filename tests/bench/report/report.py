@@ -248,7 +248,7 @@ def load_checkpoints(data):
 
 
 def load_wake(data):
-    """wake.txt: tests/bench/wake_cost.c's key=value line, or None."""
+    """wake.txt: tests/bench/programs/wake_cost.c's key=value line, or None."""
     try:
         with open(os.path.join(data, "wake.txt")) as f:
             pairs = dict(kv.split("=", 1) for kv in f.read().split())
@@ -384,7 +384,7 @@ def notes(rows, rss, a):
                "stub are not counted.")
     wake = load_wake(a.data)
     if wake:
-        out.append("- wake-ups on this machine (tests/bench/wake_cost.c, "
+        out.append("- wake-ups on this machine (tests/bench/programs/wake_cost.c, "
                    "before PostgreSQL starts): a thread waking another "
                    "that sleeps in read(2) costs %.1f us of CPU per wake-up "
                    "(%.1f us elapsed) where the scheduler places them, "
