@@ -17,7 +17,7 @@
 # Then the proxy is restarted with log_level info (a line per request, the
 # default) and the same phases run under strace -c -f once more: their
 # write(2) calls per request are what the request log costs in system
-# calls (log_flush_interval, README "Logs").
+# calls (log_flush_interval, doc/operations.md "Logs").
 # Each count is the phase's minus what the idle proxy does in as many
 # seconds (measured the same way first), divided by N.
 #

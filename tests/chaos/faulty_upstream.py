@@ -236,7 +236,7 @@ def handle(up, conn, port, method, target, headers, body):
             # lands only after the proxy wrote its next request on the
             # connection cannot be told from that request's answer in
             # HTTP/1.1, and a second write from this threaded server can
-            # come that late under load; the README says so, and the soak
+            # come that late under load; doc/design.md says so ("When things fail"), and the soak
             # does not pretend otherwise by sending one.)
             conn.sendall(response(st, rbody) + response(201, stray))
         else:

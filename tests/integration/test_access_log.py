@@ -1,4 +1,4 @@
-"""The access log is buffered (README "Logging"): request lines are written
+"""The access log is buffered (doc/operations.md "Logs"): request lines are written
 in large writes, on a short timer or when the buffer fills; warnings and
 errors are written at once, after what is buffered; and no line of an
 answered request is lost at exit."""

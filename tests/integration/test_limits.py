@@ -1,4 +1,4 @@
-"""Limits and slow clients (README "Configuration", ENGINEERING "a full
+"""Limits and slow clients (doc/configuration.md, ENGINEERING "a full
 queue is answered with 503 at once"): the job queue, clients that trickle
 their request, connections per IP, header and body sizes. A request refused
 by a limit reaches neither the upstream nor the store."""

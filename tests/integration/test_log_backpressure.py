@@ -1,5 +1,5 @@
 """A log reader that stops reading (journald, a container runtime) must not
-stall the proxy (README "Logs"): the proxy's stderr is a pipe the test
+stall the proxy (doc/operations.md "Logs"): the proxy's stderr is a pipe the test
 stops reading, filled, and a flood of log lines follows. Requests keep
 being answered (the upstream sees each forwarded one once), the lines that
 do not fit are dropped and counted (idemproxy_log_lines_dropped_total),

@@ -1,4 +1,4 @@
-"""The serving loop's heartbeat (README "Monitoring"): one thread (ip-serve)
+"""The serving loop's heartbeat (doc/operations.md "Topology", a stalled serving loop): one thread (ip-serve)
 runs libmicrohttpd's loop, the worker fibers and the batch lanes, so a stall
 there stalls every client. The admin listener has threads of its own; it
 sees the stall through the heartbeat the loop keeps: /readyz fails with the
@@ -36,7 +36,7 @@ def test_a_frozen_serving_loop_is_not_ready_and_shows_its_lag(make_proxy, stub):
         assert "serving loop" in r.text, r.text
         # The gauge shows at least the stall that made it not ready.
         assert lag(proxy) >= 0.3
-        # Liveness stays: the process answers, the loop is late (README).
+        # Liveness stays: the process answers, the loop is late (doc/operations.md).
         assert requests.get(proxy.admin_url + "/healthz", timeout=TIMEOUT).status_code == 200
         grown = lag(proxy)
         wait_until(lambda: lag(proxy) > grown, what="the lag to keep growing while frozen")

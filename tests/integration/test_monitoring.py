@@ -1,4 +1,4 @@
-"""What operators load next to the proxy (README "Runbook"): the Prometheus
+"""What operators load next to the proxy (doc/runbook.md): the Prometheus
 alert rules in conf/prometheus (checked and unit-tested with promtool), the
 Grafana dashboard in conf/grafana, and the metrics they need. Every
 expression in both must parse as PromQL and name only metrics, and label
@@ -23,7 +23,7 @@ PAY = "/v1/payments"
 RULES = os.path.join(ROOT, "conf", "prometheus", "idemproxy-alerts.yml")
 RULE_TESTS = os.path.join(ROOT, "conf", "prometheus", "idemproxy-alerts.test.yml")
 DASHBOARD = os.path.join(ROOT, "conf", "grafana", "idemproxy-dashboard.json")
-README = os.path.join(ROOT, "README.md")
+RUNBOOK = os.path.join(ROOT, "doc", "runbook.md")
 
 # Events the proxy exports at 0 from the start, so that increase() sees the
 # first one (a counter that appears at 1 has no increase yet).
@@ -130,10 +130,10 @@ def load_rules():
     return [r for g in groups for r in g["rules"]]
 
 
-def readme_anchors():
-    """The anchors GitHub gives README.md's headings."""
+def runbook_anchors():
+    """The anchors GitHub gives doc/runbook.md's headings."""
     anchors, in_code = set(), False
-    with open(README) as f:
+    with open(RUNBOOK) as f:
         for line in f:
             if line.startswith("```"):
                 in_code = not in_code
@@ -167,15 +167,15 @@ def test_every_alert_is_documented_and_unit_tested_both_ways():
                    "IdemproxyUpstream5xx", "IdemproxyUpstreamOutcomeUnknown",
                    "IdemproxyOverloaded", "IdemproxyReaperNotRunning"):
         assert wanted in names, wanted
-    anchors = readme_anchors()
+    anchors = runbook_anchors()
     for r in rules:
         a = r.get("annotations", {})
         for field in ("summary", "description", "runbook_url"):
             assert a.get(field), "%s has no %s" % (r["alert"], field)
         assert r.get("labels", {}).get("severity") in ("critical", "warning"), r["alert"]
         url = a["runbook_url"]
-        assert url == "README.md#" + r["alert"].lower(), url
-        assert url.split("#", 1)[1] in anchors, "no README heading for %s" % url
+        assert url == "doc/runbook.md#" + r["alert"].lower(), url
+        assert url.split("#", 1)[1] in anchors, "no runbook heading for %s" % url
     with open(RULE_TESTS) as f:
         cases = [c for t in yaml.safe_load(f)["tests"] for c in t["alert_rule_test"]]
     for name in names:

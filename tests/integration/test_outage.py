@@ -1,5 +1,5 @@
 """The store failing under a running proxy (SPEC 2 `database.unavailable`,
-3.4, README "When things fail"): PostgreSQL stopped and started again on
+3.4, doc/design.md "When things fail"): PostgreSQL stopped and started again on
 the same port, a statement that would hang, and an outcome that cannot be
 recorded.
 

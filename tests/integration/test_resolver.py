@@ -1,4 +1,4 @@
-"""Host-name lookups never block the serving thread (README "Deploying":
+"""Host-name lookups never block the serving thread (doc/operations.md "Topology":
 a database behind a DNS name). libpq resolves `host` with a blocking
 getaddrinfo inside PQconnectStartParams; the proxy resolves the names of
 database.url elsewhere and connects by address (`hostaddr`), keeping the

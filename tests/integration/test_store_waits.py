@@ -1,4 +1,4 @@
-"""Every wait for the store has a deadline (README "When things fail",
+"""Every wait for the store has a deadline (doc/design.md "When things fail",
 "First attempts together"): a statement whose answer never comes is given
 up at statement_timeout + max(1 s, statement_timeout / 2), its connection
 dropped, and the call goes on as after a lost answer; and calls queued in a

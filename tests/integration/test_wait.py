@@ -389,8 +389,8 @@ def test_client_that_half_closes_after_sending_gets_the_original_answer(make_pro
     assert outcome(p, "create_payment", "replayed") == 1
     assert not raw.startswith(b"HTTP/1.1 409"), raw[:200]
     # libmicrohttpd 0.9.75 may close a half-closed connection when it
-    # resumes it, before the answer is written (README, Waiting for the
-    # original); whatever the client reads is the original's answer.
+    # resumes it, before the answer is written (doc/design.md, Waiting for
+    # the original); whatever the client reads is the original's answer.
     if raw:
         head, _, body = raw.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 201"), raw[:200]
