@@ -46,7 +46,7 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRCS))
 MIGRATIONS := $(sort $(wildcard sql/*.sql))
 
-.PHONY: all deps pkg-check run test unit integration check-busy-poll check-threads clean
+.PHONY: all deps pkg-check run test unit integration check-busy-poll clean
 all: $(BUILD)/idemproxy
 
 deps:
@@ -108,12 +108,6 @@ BUSY_POLL_TESTS ?= tests/integration/test_core.py \
 	tests/integration/test_replay_cache.py
 check-busy-poll: $(BUILD)/idemproxy $(BUILD)/store_check
 	IDEMPROXY_TEST_BUSY_POLL=2ms $(PYTHON) -m pytest -q -p no:cacheprovider \
-		$(BUSY_POLL_TESTS) $(PYTEST_ARGS)
-
-# The same suites with a thread per worker (worker_model = "threads"), the
-# model the default fibers replaced; it is still a setting.
-check-threads: $(BUILD)/idemproxy $(BUILD)/store_check
-	IDEMPROXY_TEST_WORKER_MODEL=threads $(PYTHON) -m pytest -q -p no:cacheprovider \
 		$(BUSY_POLL_TESTS) $(PYTEST_ARGS)
 
 test: deps

@@ -1,7 +1,6 @@
 /* Busy polling (the busy_poll setting): while the proxy has at most one
- * request with a worker, the thread serving it polls its sockets instead of
- * sleeping in the kernel, for up to busy_poll per wait, and a worker that has
- * just finished polls the queue for the next request the same way.
+ * request with a worker, the workers' scheduler (fiber.h) polls its sockets
+ * instead of sleeping in the kernel, for up to busy_poll per wait.
  *
  * Why: on a virtual machine an idle vCPU is halted, and waking a thread on it
  * costs tens of microseconds per hand-off; a first attempt has about ten of
@@ -23,11 +22,9 @@ void busy_set_budget_ms(int64_t ms);
 void busy_request_begin(void);
 void busy_request_end(void);
 
-/* Should the calling worker, which serves a request, poll rather than
- * sleep? Then *deadline_ms is when to give up and sleep after all. */
+/* Should the scheduler poll rather than sleep? Then *deadline_ms is when
+ * to give up and sleep after all. */
 bool busy_spin(double *deadline_ms);
-/* The same for a worker with nothing to do. */
-bool busy_spin_idle(double *deadline_ms);
 
 /* One pass of a polling loop: lets any other runnable thread on this CPU
  * run first. */

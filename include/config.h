@@ -75,7 +75,6 @@ typedef struct config {
 	char *admin_listen;  /* "" = disabled */
 	char *admin_token;   /* "" = /admin disabled */
 	int workers;
-	bool worker_fibers;  /* worker_model = "fibers": one thread, fiber.h */
 	int queue_size;      /* jobs waiting for a worker; full -> 503 overloaded */
 	int max_connections; /* front-end connection limit */
 	int max_connections_per_ip; /* 0 = no limit (e.g. behind a balancer) */

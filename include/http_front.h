@@ -23,9 +23,9 @@ typedef struct front_opts {
 	 * the job itself (response filled, request accounted). May be NULL. */
 	bool (*fast)(void *arg, job *j);
 	void *fast_arg;
-	/* When set, libmicrohttpd runs on this scheduler's thread (the
-	 * workers' fibers, fiber.h) instead of its own: one event loop for
-	 * the clients, the store and the upstream. */
+	/* libmicrohttpd runs on this scheduler's thread (the workers'
+	 * fibers, fiber.h): one event loop for the clients, the store and
+	 * the upstream. */
 	struct fiber_sched *sched;
 } front_opts;
 

@@ -18,8 +18,8 @@
 
 /* Runs fn(arg) and returns once it has run. On a fiber: on a helper
  * thread (started at the first job) while the fiber waits; on a plain
- * thread (worker_model = "threads", the reaper, a test), here, since that
- * thread holds up no one else. Returns true when a helper ran it. */
+ * thread, here, since that thread holds up no one else. Returns true
+ * when a helper ran it. */
 bool offload_run(void (*fn)(void *), void *arg);
 
 /* Jobs run by helper threads since start, and jobs handed over and not

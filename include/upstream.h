@@ -1,5 +1,6 @@
 /* Sending one attempt upstream with libcurl. One `upstream` (a reused easy
- * handle, keeping keep-alive connections) per worker thread. */
+ * handle, keeping keep-alive connections) per worker, used on its fiber
+ * (fiber.h). */
 #ifndef IDEMPROXY_UPSTREAM_H
 #define IDEMPROXY_UPSTREAM_H
 

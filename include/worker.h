@@ -1,5 +1,6 @@
-/* A fixed pool of worker threads fed by a bounded queue. Generic: each
- * thread gets its own context from init(), and handle() does the work. */
+/* A fixed pool of workers fed by a bounded queue: fibers on one scheduler
+ * thread (fiber.h). Generic: each worker gets its own context from init(),
+ * and handle() does the work. */
 #ifndef IDEMPROXY_WORKER_H
 #define IDEMPROXY_WORKER_H
 
@@ -10,20 +11,17 @@
 typedef struct worker_pool worker_pool;
 
 typedef struct worker_ops {
-	void *(*init)(void *arg, int index);    /* per-thread context */
+	void *(*init)(void *arg, int index);    /* per-worker context */
 	void (*handle)(void *ctx, void *item);
 	void (*fini)(void *ctx);
 	void *arg;
 } worker_ops;
 
-worker_pool *worker_pool_start(int threads, int queue_size,
-			       const worker_ops *ops);
-/* The same workers as fibers on one scheduler thread (fiber.h), each with
- * a stack of `stack` bytes: handle() must wait only through fiber-aware
- * calls (fiber_wait_fd), never block the thread. */
-worker_pool *worker_pool_start_fibers(int workers, int queue_size,
-				      const worker_ops *ops, size_t stack);
-/* The fibers' scheduler, NULL for a pool of threads. */
+/* Each worker has a stack of `stack` bytes: handle() must wait only
+ * through fiber-aware calls (fiber_wait_fd), never block the thread. */
+worker_pool *worker_pool_start(int workers, int queue_size,
+			       const worker_ops *ops, size_t stack);
+/* The workers' scheduler. */
 struct fiber_sched *worker_pool_sched(worker_pool *p);
 /* False (item not taken) when the queue is full or the pool is stopping. */
 bool worker_pool_submit(worker_pool *p, void *item) IP_WUR;
@@ -33,7 +31,7 @@ void worker_pool_set_queue_size(worker_pool *p, int queue_size);
 int worker_pool_busy(worker_pool *p);
 /* Items waiting for a worker, and workers handling one. */
 void worker_pool_counts(worker_pool *p, int *queued, int *active);
-/* Lets the queued items finish, then joins the threads. */
+/* Lets the queued items finish, then joins the scheduler. */
 void worker_pool_stop(worker_pool *p);
 
 #endif

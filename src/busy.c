@@ -24,24 +24,14 @@ void busy_request_end(void)
 	atomic_fetch_sub(&with_workers, 1);
 }
 
-static bool spin_if(int at_most, double *deadline_ms)
+bool busy_spin(double *deadline_ms)
 {
 	long long b = atomic_load_explicit(&budget_ms, memory_order_relaxed);
 	if (b <= 0 ||
-	    atomic_load_explicit(&with_workers, memory_order_relaxed) > at_most)
+	    atomic_load_explicit(&with_workers, memory_order_relaxed) > 1)
 		return false;
 	*deadline_ms = ip_now_ms() + (double)b;
 	return true;
-}
-
-bool busy_spin(double *deadline_ms)
-{
-	return spin_if(1, deadline_ms);
-}
-
-bool busy_spin_idle(double *deadline_ms)
-{
-	return spin_if(0, deadline_ms);
 }
 
 void busy_relax(void)

@@ -963,8 +963,6 @@ static const cfg_choice cfg_store_body[] = {
 	{"full", 0}, {"status_only", 1}, {NULL, 0}};
 static const cfg_choice cfg_in_flight[] = {
 	{"reject", 0}, {"wait", 1}, {NULL, 0}};
-static const cfg_choice cfg_worker_models[] = {
-	{"threads", 0}, {"fibers", 1}, {NULL, 0}};
 static const cfg_choice cfg_mismatch[] = {
 	{"409", 409}, {"422", 422}, {NULL, 0}};
 
@@ -988,9 +986,6 @@ static const cfg_opt cfg_top[] = {
 	 .off = C_(admin_token), .reload = CFG_APPLY},
 	{.name = "workers", .conv = cfg_conv_int, .def = "16", .min = 1,
 	 .max = 1024, .off = C_(workers), .reload = CFG_RESTART},
-	{.name = "worker_model", .conv = cfg_conv_flag, .def = "\"fibers\"",
-	 .off = C_(worker_fibers), .choices = cfg_worker_models,
-	 .reload = CFG_RESTART},
 	{.name = "queue_size", .conv = cfg_conv_int, .def = "1024", .min = 1,
 	 .max = 1048576, .off = C_(queue_size), .reload = CFG_APPLY},
 	{.name = "max_connections", .conv = cfg_conv_int, .def = "1024",
@@ -1345,6 +1340,34 @@ static int cfg_check_known(cfg_ctx *x, const config_setting_t *group,
 	return 0;
 }
 
+/* Top-level settings a release removed. A conf written for an earlier
+ * release may still name one: the value that is now the only behaviour
+ * passes silently, any other is refused with the reason rather than as an
+ * unknown setting. */
+static const struct {
+	const char *name, *kept, *why;
+} cfg_removed[] = {
+	{"worker_model", "fibers",
+	 "worker_model was removed: workers are fibers (delete the line)"},
+};
+
+static int cfg_check_removed(cfg_ctx *x, const config_setting_t *s,
+			     bool *known)
+{
+	const char *name = config_setting_name(s);
+	for (size_t i = 0; i < CFG_N(cfg_removed); i++) {
+		if (strcmp(name, cfg_removed[i].name) != 0)
+			continue;
+		const char *v = config_setting_type(s) == CONFIG_TYPE_STRING
+					? config_setting_get_string(s)
+					: NULL;
+		if (!v || strcmp(v, cfg_removed[i].kept) != 0)
+			return cfg_fail(x, s, "%s", cfg_removed[i].why);
+		*known = true;
+	}
+	return 0;
+}
+
 static int cfg_check_top_known(cfg_ctx *x, const config_setting_t *root)
 {
 	for (int i = 0; i < config_setting_length(root); i++) {
@@ -1352,6 +1375,8 @@ static int cfg_check_top_known(cfg_ctx *x, const config_setting_t *root)
 			config_setting_get_elem(root, (unsigned)i);
 		const char *name = config_setting_name(s);
 		bool known = cfg_find(cfg_top, CFG_N(cfg_top), name) != NULL;
+		if (cfg_check_removed(x, s, &known) < 0)
+			return -1;
 		for (size_t j = 0; j < CFG_N(cfg_sections); j++)
 			known = known || strcmp(name, cfg_sections[j]) == 0;
 		if (!known)

@@ -56,7 +56,7 @@ struct http_front {
 	bool watch_started;
 	pthread_t watchdog;
 	ip_buf timeout_answer; /* a whole 408 response, written by the watchdog */
-	bool on_sched;         /* libmicrohttpd runs on o.sched's thread */
+	bool on_sched;         /* o.sched runs the daemon (start succeeded) */
 };
 
 /* How often the watchdog looks at the deadlines: their resolution. */
@@ -458,7 +458,7 @@ static enum MHD_Result send_job_response(struct MHD_Connection *conn,
 	return rc;
 }
 
-/* Runs on a worker thread. */
+/* Runs on a worker (fiber). */
 static void on_job_done(job *j)
 {
 	req_ctx *c = j->front_ctx;
@@ -466,8 +466,7 @@ static void on_job_done(job *j)
 	atomic_store(&c->stage, ST_DONE);
 	MHD_resume_connection(c->conn);
 	/* without a thread of its own the daemon learns of it when run */
-	if (f->on_sched)
-		fiber_sched_poke_source(f->o.sched);
+	fiber_sched_poke_source(f->o.sched);
 	/* Only now: a drain that sees no request in flight may stop the
 	 * daemon, and MHD_stop_daemon aborts on a connection still
 	 * suspended (it does resume those already marked for resuming). */
@@ -665,8 +664,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 			proxy_account(j);
 			atomic_store(&c->stage, ST_DONE);
 			MHD_resume_connection(conn);
-			if (f->on_sched)
-				fiber_sched_poke_source(f->o.sched);
+			fiber_sched_poke_source(f->o.sched);
 		}
 		return MHD_YES;
 	}
@@ -759,12 +757,10 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 	pthread_cond_init(&f->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	render_timeout_answer(&f->timeout_answer);
-	/* On a scheduler the daemon has no thread of its own: the
-	 * scheduler runs it (run_daemon) when its epoll set is ready. */
-	unsigned flags = (o->sched ? MHD_USE_EPOLL
-				   : MHD_USE_EPOLL_INTERNAL_THREAD) |
-			 MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC |
-			 MHD_USE_ERROR_LOG;
+	/* The daemon has no thread of its own: the scheduler runs it
+	 * (run_daemon) when its epoll set is ready. */
+	unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+			 MHD_USE_ITC | MHD_USE_ERROR_LOG;
 	if (v6)
 		flags |= MHD_USE_IPv6;
 	f->d = MHD_start_daemon(
@@ -804,19 +800,16 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 	}
 	pthread_setname_np(f->watchdog, "ip-deadlines");
 	f->watch_started = true;
-	if (o->sched) {
-		const union MHD_DaemonInfo *di =
-			MHD_get_daemon_info(f->d, MHD_DAEMON_INFO_EPOLL_FD);
-		if (!di) {
-			snprintf(err, errlen, "libmicrohttpd has no epoll set");
-			http_front_stop(f);
-			return NULL;
-		}
-		fiber_source src = {di->epoll_fd, run_daemon, daemon_timeout,
-				    f};
-		fiber_sched_set_source(o->sched, &src);
-		f->on_sched = true;
+	const union MHD_DaemonInfo *di =
+		MHD_get_daemon_info(f->d, MHD_DAEMON_INFO_EPOLL_FD);
+	if (!di) {
+		snprintf(err, errlen, "libmicrohttpd has no epoll set");
+		http_front_stop(f);
+		return NULL;
 	}
+	fiber_source src = {di->epoll_fd, run_daemon, daemon_timeout, f};
+	fiber_sched_set_source(o->sched, &src);
+	f->on_sched = true;
 	return f;
 }
 
@@ -830,11 +823,8 @@ static void quiesce(void *arg)
 
 void http_front_quiesce(http_front *f)
 {
-	/* On a scheduler, only its thread touches the daemon. */
-	if (f->on_sched)
-		fiber_sched_call(f->o.sched, quiesce, f);
-	else
-		quiesce(f);
+	/* Only the scheduler's thread touches the daemon. */
+	fiber_sched_call(f->o.sched, quiesce, f);
 }
 
 int http_front_in_flight(http_front *f)

@@ -303,9 +303,8 @@ static int serve(config *cfg)
 				    cfg->max_waiters_per_tenant,
 				    (cfg->workers + 1) / 2, &wops);
 	running.waiters = wt;
-	/* Batches need the fibers' scheduler; on Citus a claim stays the
-	 * delegated call of one tenant's shard. */
-	store_batch *batch = cfg->worker_fibers && !cfg->db_citus
+	/* On Citus a claim stays the delegated call of one tenant's shard. */
+	store_batch *batch = !cfg->db_citus
 				     ? store_batch_new(db_url,
 						 cfg->statement_timeout_ms)
 				     : NULL;
@@ -332,22 +331,12 @@ static int serve(config *cfg)
 	/* A worker's deepest stack (OpenSSL, libcurl, libpq, jansson, our
 	 * own buffers) stays well inside this (tests/unit/test_fiber.c pins
 	 * it); the guard below it faults rather than overflow. */
-	worker_pool *pool =
-		cfg->worker_fibers
-			? worker_pool_start_fibers(cfg->workers,
-						   cfg->queue_size, &ops,
-						   FIBER_STACK_BYTES)
-			: worker_pool_start(cfg->workers, cfg->queue_size,
-					    &ops);
+	worker_pool *pool = worker_pool_start(cfg->workers, cfg->queue_size,
+					      &ops, FIBER_STACK_BYTES);
 	running.pool = pool;
+	fiber_sched *loop = worker_pool_sched(pool);
 	if (batch)
-		store_batch_start(batch, worker_pool_sched(pool));
-	/* With a thread per worker, libmicrohttpd still runs on a scheduler
-	 * of its own (no fibers): one serving loop in both models, named
-	 * and with a heartbeat (fiber.h), where /readyz sees a stall. */
-	fiber_sched *front_sched =
-		worker_pool_sched(pool) ? NULL : fiber_sched_start(64 * 1024);
-	fiber_sched *loop = front_sched ? front_sched : worker_pool_sched(pool);
+		store_batch_start(batch, loop);
 	metrics_set_loop(loop);
 	metrics_set_worker_pool(pool);
 	metrics_set_store_batch(batch);
@@ -362,15 +351,13 @@ static int serve(config *cfg)
 		.arg = pool,
 		.fast = proxy_fast_path,
 		.fast_arg = &shared,
-		/* with fibers, the front end runs on their thread */
+		/* the front end runs on the workers' thread */
 		.sched = loop,
 	};
 	http_front *front = http_front_start(&fo, err, sizeof err);
 	if (!front) {
 		fprintf(stderr, "idemproxy: %s\n", err);
 		metrics_set_loop(NULL);
-		if (front_sched)
-			fiber_sched_join(front_sched);
 		metrics_set_worker_pool(NULL);
 		metrics_set_store_batch(NULL);
 		store_batch_stop(batch);
@@ -420,8 +407,6 @@ static int serve(config *cfg)
 	}
 	http_front_stop(front);
 	metrics_set_loop(NULL);
-	if (front_sched)
-		fiber_sched_join(front_sched);
 	admin_stop(adm);
 	reaper_stop(rp);
 	metrics_set_worker_pool(NULL);

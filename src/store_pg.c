@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "busy.h"
-#include "fiber.h"
 #include "migrations.h"
 #include "pg_link.h"
 #include "sqlsplit.h"
@@ -546,25 +544,15 @@ static void put_i64(char out[8], int64_t v)
 	}
 }
 
-/* PQexecPrepared, awaited within the store-wait deadline (pg_link.h). With
- * busy polling (busy.h) on a plain thread the answer is first awaited by
- * polling the socket, and only after the budget by sleeping in poll().
- * The result is PQexec's: the last one, NULL if the query was not sent or
- * its answer did not come in time. */
+/* PQexecPrepared, awaited within the store-wait deadline (pg_link.h). The
+ * result is PQexec's: the last one, NULL if the query was not sent or its
+ * answer did not come in time. */
 static PGresult *run(store *s, int st, const char *const *vals,
 		     const int *lens, const int *fmts, int result_binary)
 {
-	PGconn *c = s->link.conn;
-	double deadline;
-	bool sent = PQsendQueryPrepared(c, stmts[st].name, stmts[st].nparams,
-					vals, lens, fmts, result_binary) == 1;
-	if (sent && !fiber_current() && busy_spin(&deadline)) {
-		double t0 = ip_now_ms();
-		while (PQisBusy(c) && PQconsumeInput(c) && PQisBusy(c) &&
-		       ip_now_ms() < deadline)
-			busy_relax();
-		busy_account(t0, deadline);
-	}
+	bool sent = PQsendQueryPrepared(s->link.conn, stmts[st].name,
+					stmts[st].nparams, vals, lens, fmts,
+					result_binary) == 1;
 	return pg_link_result(&s->link, sent);
 }
 

@@ -12,7 +12,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "busy.h"
 #include "fiber.h"
 #include "log.h"
 #include "metrics.h"
@@ -442,10 +441,6 @@ static void set_method(CURL *h, const upstream_req *req)
 	curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, req->method);
 }
 
-/* curl_easy_perform, on the handle's own multi: with busy polling (busy.h)
- * the exchange is driven without sleeping until the budget is spent, then
- * by waiting in curl_multi_poll, which never waits past curl's own timers
- * (so the timeouts hold either way). */
 /* Still attached after a complete response: the connection just used, if
  * it is kept. Bytes already waiting mean its framing was off. */
 static void check_framing(upstream *u, CURLcode rc)
@@ -457,9 +452,9 @@ static void check_framing(upstream *u, CURLcode rc)
 		u->framing_off = true;
 }
 
-/* perform on a fiber: libcurl's socket interface, its sockets and timer
- * awaited through the scheduler. */
-static CURLcode perform_fiber(upstream *u)
+/* The transfer, on the worker's fiber: libcurl's socket interface, its
+ * sockets and timer awaited through the scheduler. */
+static CURLcode perform(upstream *u)
 {
 	if (curl_multi_add_handle(u->m, u->h) != CURLM_OK)
 		return CURLE_FAILED_INIT;
@@ -501,40 +496,6 @@ static CURLcode perform_fiber(upstream *u)
 	if (m && m->msg == CURLMSG_DONE)
 		rc = m->data.result;
 	check_framing(u, rc);
-	curl_multi_remove_handle(u->m, u->h);
-	return rc;
-}
-
-static CURLcode perform(upstream *u)
-{
-	if (fiber_current())
-		return perform_fiber(u);
-	if (curl_multi_add_handle(u->m, u->h) != CURLM_OK)
-		return CURLE_FAILED_INIT;
-	double deadline, t0 = ip_now_ms();
-	bool spin = busy_spin(&deadline);
-	CURLcode rc = CURLE_RECV_ERROR;
-	for (;;) {
-		int running = 0;
-		if (curl_multi_perform(u->m, &running) != CURLM_OK)
-			break;
-		if (!running) {
-			int left;
-			CURLMsg *m = curl_multi_info_read(u->m, &left);
-			if (m && m->msg == CURLMSG_DONE)
-				rc = m->data.result;
-			check_framing(u, rc);
-			break;
-		}
-		if (spin && ip_now_ms() < deadline) {
-			busy_relax();
-			continue;
-		}
-		if (curl_multi_poll(u->m, NULL, 0, 1000, NULL) != CURLM_OK)
-			break;
-	}
-	if (spin)
-		busy_account(t0, deadline);
 	curl_multi_remove_handle(u->m, u->h);
 	return rc;
 }

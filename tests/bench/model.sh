@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# `make bench-model`: idemproxy's CPU per fresh key, with its workers as
-# fibers (the default) and as threads (worker_model), beside a model of an
+# `make bench-model`: idemproxy's CPU per fresh key beside a model of an
 # event-driven first attempt (evloop_model.c: one thread, one epoll set,
 # libpq's asynchronous calls, idemproxy's own two statements for a new key,
 # the upstream over kept-alive sockets) and beside pgbench's own CPU per raw pair, all
@@ -39,7 +38,6 @@ TMP=""
 PG_DIR=""
 STUB_PID=""
 PROXY_PID=""
-THREADS_PID=""
 MODEL_PID=""
 
 # shellcheck source=tests/bench/lib.sh
@@ -51,7 +49,6 @@ cleanup() {
 	set +e
 	stop_pid "$MODEL_PID"
 	stop_pid "$PROXY_PID"
-	stop_pid "$THREADS_PID"
 	stop_pid "$STUB_PID"
 	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
 	[ -z "$TMP" ] || rm -rf "$TMP"
@@ -132,13 +129,6 @@ main() {
 	psql_db -f "$HERE/pgbench/raw_pair_table.sql" >"$LOGS/raw_pair_table.log" 2>&1 ||
 		die "creating the raw pair's table failed (see $LOGS/raw_pair_table.log)"
 	start_proxy warn
-	local fibers_port=$PROXY_PORT fibers_pid=$PROXY_PID
-	PROXY_PORT=$(free_port)
-	ADMIN_PORT=$(free_port)
-	CONF_NAME=threads EXTRA_CONF='worker_model = "threads";' start_proxy warn
-	THREADS_PID=$PROXY_PID
-	local threads_port=$PROXY_PORT
-	PROXY_PID=$fibers_pid PROXY_PORT=$fibers_port
 	"$BIN/evloop_model" --upstream "$STUB_PORT" --slots "$WORKERS" \
 		--db "host=127.0.0.1 port=$PGPORT user=postgres dbname=idemproxy" \
 		>"$TMP/model.out" 2>"$LOGS/model.log" &
@@ -146,11 +136,10 @@ main() {
 	local model_port
 	model_port=$(first_line "$TMP/model.out")
 	[ -n "$model_port" ] || die "the model did not start (see $LOGS/model.log)"
-	note "postgres :$PGPORT, stub :$STUB_PORT, idemproxy :$PROXY_PORT (threads :$threads_port), model :$model_port; $CONNS connections, $SLICES x ${DUR}s each"
+	note "postgres :$PGPORT, stub :$STUB_PORT, idemproxy :$PROXY_PORT, model :$model_port; $CONNS connections, $SLICES x ${DUR}s each"
 
 	# warm-up, not counted
 	DUR=2 wrk_slice "http://127.0.0.1:$PROXY_PORT/v1/payments" "$TAG-wp" >/dev/null
-	DUR=2 wrk_slice "http://127.0.0.1:$threads_port/v1/payments" "$TAG-wt" >/dev/null
 	DUR=2 wrk_slice "http://127.0.0.1:$model_port/v1/payments" "$TAG-wm" >/dev/null
 	stub_ctl POST reset >/dev/null
 
@@ -162,8 +151,6 @@ main() {
 		stub_ctl POST reset >/dev/null
 		printf 'direct\t%s\t0\t0\t%s\t%s\n' "$dn" "$DUR" "$dp50" >>"$data"
 		slice_row idemproxy "$PROXY_PID" "$PROXY_PORT" "$TAG-p$s" "idemproxy slice $s"
-		slice_row "idemproxy, worker_model threads" "$THREADS_PID" "$threads_port" \
-			"$TAG-t$s" "idemproxy (threads) slice $s"
 		rows0=$(completed_rows)
 		slice_row model "$MODEL_PID" "$model_port" "$TAG-m$s" "model slice $s"
 		rows1=$(completed_rows)
@@ -216,8 +203,7 @@ lines = ["# Event-driven model beside idemproxy", "",
          "| who | slices: requests or pairs per second | p50 per slice (pgbench: mean) | own CPU per request | PostgreSQL CPU per request |",
          "|---|---|---|---:|---:|"]
 per = {}
-for name in ("direct", "idemproxy", "idemproxy, worker_model threads",
-             "model", "pgbench raw pair"):
+for name in ("direct", "idemproxy", "model", "pgbench raw pair"):
     r = rows.get(name, [])
     n = sum(x[0] for x in r)
     if not n:
@@ -248,9 +234,6 @@ if conns == "1" and lat["direct"] and lat["pgbench raw pair"]:
                 name, ", ".join("%.2f" % (u / b) for u, b in
                                 zip(lat[name], bounds))))
     lines.append("")
-if "idemproxy" in per and "idemproxy, worker_model threads" in per:
-    lines.append("idemproxy fibers / threads, own CPU per request: %.2f."
-                 % (per["idemproxy"] / per["idemproxy, worker_model threads"]))
 if "idemproxy" in per and "model" in per:
     lines.append("idemproxy / model, own CPU per request: %.2f."
                  % (per["idemproxy"] / per["model"]))

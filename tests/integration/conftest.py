@@ -444,10 +444,6 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
             # `make check-busy-poll`: the same tests with the waits polled
             # (busy.h) instead of slept; a test's own top settings win.
             settings["busy_poll"] = os.environ["IDEMPROXY_TEST_BUSY_POLL"]
-        if os.environ.get("IDEMPROXY_TEST_WORKER_MODEL"):
-            # `make check-threads`: the same tests with a thread per worker
-            # (worker_model = "threads") instead of the default fibers.
-            settings["worker_model"] = os.environ["IDEMPROXY_TEST_WORKER_MODEL"]
         if defaults:
             settings["defaults"] = defaults
         settings["routes"] = routes

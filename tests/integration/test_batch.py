@@ -20,7 +20,7 @@ from test_ops import scrape
 pytestmark = pytest.mark.skipif(
     CITUS, reason="on Citus a claim is the tenant's delegated call, never batched")
 
-FIBERS = {"workers": 16, "worker_model": "fibers"}
+FIBERS = {"workers": 16}
 
 
 def fibers(pg, **database):
@@ -299,11 +299,3 @@ def test_with_batch_1_every_first_attempt_goes_alone(make_proxy, stub, pg):
     assert batched(proxy, "record") == (0, 0)
     for k in keys:
         assert stub.count(key=k) == 1
-
-
-def test_threads_never_batch(make_proxy, stub, pg):
-    proxy = make_proxy(top={"workers": 16, "worker_model": "threads"})
-    fire(proxy, 100)
-    assert batched(proxy, "claim") == (0, 0)
-    assert batched(proxy, "record") == (0, 0)
-    assert queued(proxy, "claim") == 0

@@ -2,7 +2,6 @@
 queue is answered with 503 at once"): the job queue, clients that trickle
 their request, connections per IP, header and body sizes. A request refused
 by a limit reaches neither the upstream nor the store."""
-import os
 import socket
 import threading
 import time
@@ -322,11 +321,8 @@ def test_the_canonical_json_of_a_large_body_holds_up_no_other_client(make_proxy,
 
     t = threading.Thread(target=heavy)
     t.start()
-    # With fibers the work is a helper thread's (the serving thread's
-    # before); with a thread per worker, that worker's.
-    gauge = ("idemproxy_workers_busy" if os.environ.get("IDEMPROXY_TEST_WORKER_MODEL") == "threads"
-             else "idemproxy_offload_pending")
-    wait_until(lambda: events or metrics(proxy).get(gauge, 0) >= 1,
+    # The work is a helper thread's, off the serving thread.
+    wait_until(lambda: events or metrics(proxy).get("idemproxy_offload_pending", 0) >= 1,
                what="the large body's fingerprint to be in the making", interval=0.002)
     assert not events, "the large request was answered before it could be overtaken"
     again = pay(proxy, done)

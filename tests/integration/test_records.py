@@ -206,7 +206,7 @@ def test_claim_repeated_after_its_answer_was_lost_is_the_same_attempt(
         make_proxy, stub, pg, batch, claim, _record):
     relay = PgRelay(pg.cluster.port)
     try:
-        proxy = make_proxy(top={"workers": 2, "worker_model": "fibers",
+        proxy = make_proxy(top={"workers": 2,
                                 "database": {"url": relay.url(pg.name),
                                              "batch": batch}})
         warm = new_key("warm")
@@ -239,7 +239,7 @@ def test_record_repeated_after_its_answer_was_lost_is_recorded_once(
     deferred): the client gets its 201 and every retry the replay."""
     relay = PgRelay(pg.cluster.port)
     try:
-        proxy = make_proxy(top={"workers": 2, "worker_model": "fibers",
+        proxy = make_proxy(top={"workers": 2,
                                 "database": {"url": relay.url(pg.name),
                                              "batch": batch}})
         assert pay(proxy, new_key("warm")).status_code == 201
@@ -343,8 +343,6 @@ def test_claim_answer_held_past_its_lease_is_never_a_second_execution(
     try:
         # Three workers: the busy claim, the first attempt and the retry.
         top = {"workers": 3, "database": {"url": relay.url(pg.name), "batch": batch}}
-        if batch > 1:
-            top["worker_model"] = "fibers"  # the batch lanes are the fibers'
         proxy = make_proxy(routes=pay_route(stub.url, lease="2s", upstream_timeout="1s"),
                            top=top)
         assert pay(proxy, new_key("warm")).status_code == 201

@@ -11,7 +11,7 @@ import threading
 import psycopg
 import requests
 
-from conftest import ADMIN_TOKEN, default_routes
+from conftest import ADMIN_TOKEN, default_routes, run_binary
 from helpers import (TIMEOUT, assert_problem, is_replay, new_key, render_conf,
                      wait_until)
 from store_support import PAY, insert_record, metrics, pay, wait_state
@@ -294,3 +294,31 @@ def test_reload_names_each_changed_restart_only_setting(make_proxy, stub, pg):
               if l.get("level") == "warn" and "restart" in l.get("msg", "")]
     assert len(warned) == 2, warned
     assert warned[1]["detail"] == warned[0]["detail"]
+
+
+def test_a_conf_from_before_worker_model_was_removed(make_proxy, stub, pg):
+    """worker_model is gone: "fibers", the one model left, still loads;
+    "threads" is refused at --check and on reload, naming the setting, and
+    the running configuration keeps serving."""
+    proxy = make_proxy(top={"worker_model": "fibers"})
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+
+    conf = settings(proxy, pg, stub, worker_model="threads")
+    with open(proxy.conf_path + ".threads", "w") as f:
+        f.write(render_conf(conf))
+    r = run_binary(["-c", proxy.conf_path + ".threads", "--check"])
+    assert r.returncode != 0
+    assert "worker_model was removed: workers are fibers" in r.stdout + r.stderr
+
+    with open(proxy.conf_path, "w") as f:
+        f.write(render_conf(conf))
+    proxy.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: "worker_model was removed" in proxy.log(),
+               what="the refused reload in the log")
+    assert proxy.proc.poll() is None
+    assert is_replay(pay(proxy, key))
+    fresh = new_key()
+    assert pay(proxy, fresh).status_code == 201
+    assert stub.count(key=key) == 1
+    assert stub.count(key=fresh) == 1

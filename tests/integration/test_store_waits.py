@@ -100,7 +100,7 @@ def test_a_statement_whose_answer_never_comes_is_given_up_while_it_is_held(
     assert m.value("idemproxy_events_total", event="store_wait_timeout") >= 1
 
 
-BATCH = {"workers": 16, "worker_model": "fibers"}
+BATCH = {"workers": 16}
 
 
 @pytest.mark.no_replay_cache

@@ -753,26 +753,22 @@ static void test_error_enums(void **state)
 		     "\"debug\"");
 	assert_error("log_format = \"JSON\";\n" ROUTE_A, 1,
 		     "log_format: must be \"json\" or \"text\"");
-	assert_error("worker_model = \"thread\";\n" ROUTE_A, 1,
-		     "worker_model: must be \"threads\" or \"fibers\"");
 }
 
-/* The workers are fibers unless the conf asks for a thread each. */
-static void test_worker_model(void **state)
+/* worker_model was removed: a conf written for an earlier release that
+ * names the one model left still loads, the other is refused with why. */
+static void test_worker_model_removed(void **state)
 {
 	(void)state;
-	config *c = load_text(ROUTE_A);
+	config *c = load_text("worker_model = \"fibers\";\n" ROUTE_A);
 	assert_non_null(c);
-	assert_true(c->worker_fibers);
 	config_unref(c);
-	c = load_text("worker_model = \"threads\";\n" ROUTE_A);
-	assert_non_null(c);
-	assert_false(c->worker_fibers);
-	config_unref(c);
-	c = load_text("worker_model = \"fibers\";\n" ROUTE_A);
-	assert_non_null(c);
-	assert_true(c->worker_fibers);
-	config_unref(c);
+	assert_error("worker_model = \"threads\";\n" ROUTE_A, 1,
+		     "worker_model was removed: workers are fibers "
+		     "(delete the line)");
+	assert_error("worker_model = 1;\n" ROUTE_A, 1,
+		     "worker_model was removed: workers are fibers "
+		     "(delete the line)");
 }
 
 static void test_error_listen(void **state)
@@ -1056,7 +1052,7 @@ static void test_every_setting_has_a_reload_rule(void **state)
 	config_each_setting(check_rule, &seen);
 	assert_true(seen.n >= 30);
 	assert_string_equal(seen.restart,
-			    "listen,admin_listen,workers,worker_model,"
+			    "listen,admin_listen,workers,"
 			    "max_connections,"
 			    "max_connections_per_ip,max_header_size,"
 			    "database.url,database.distributed,");
@@ -1136,7 +1132,7 @@ int main(void)
 		T(test_refcount),
 		T(test_split_listen),
 		T(test_every_setting_has_a_reload_rule),
-		T(test_worker_model),
+		T(test_worker_model_removed),
 		T(test_restart_changes_name_what_differs_from_the_running),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

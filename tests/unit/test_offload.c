@@ -70,8 +70,7 @@ static void note_thread(void *arg)
 	*(pthread_t *)arg = pthread_self();
 }
 
-/* worker_model = "threads": a worker is a thread of its own and does the
- * work itself. */
+/* A plain thread holds up no one else and does the work itself. */
 static void test_on_a_plain_thread_the_job_runs_in_place(void **state)
 {
 	(void)state;

@@ -18,24 +18,17 @@ static atomic_int handled_total;
 static atomic_int gate_open; /* 0: handle() blocks until it is set */
 static atomic_int in_handle;
 static atomic_int most_in_handle;
-static atomic_int finished_threads;
-static bool use_fibers;
+static atomic_int finished_workers;
 
-/* A worker waits the way its mode lets it: a fiber through the scheduler,
- * a thread by sleeping. */
+/* A worker waits through the scheduler, as a request does. */
 static void pause_us(int us)
 {
-	if (fiber_current())
-		fiber_wait_fds(0, NULL, NULL, NULL, ip_now_ms() + us / 1000.0);
-	else
-		usleep((useconds_t)us);
+	fiber_wait_fds(0, NULL, NULL, NULL, ip_now_ms() + us / 1000.0);
 }
 
 static worker_pool *start(int workers, int queue, const worker_ops *o)
 {
-	return use_fibers ? worker_pool_start_fibers(workers, queue, o,
-						     64 * 1024)
-			  : worker_pool_start(workers, queue, o);
+	return worker_pool_start(workers, queue, o, 64 * 1024);
 }
 
 static void *init(void *arg, int index)
@@ -47,7 +40,7 @@ static void *init(void *arg, int index)
 static void handle(void *ctx, void *item)
 {
 	assert_true((intptr_t)ctx > 0);
-	assert_true(use_fibers == (fiber_current() != NULL));
+	assert_non_null(fiber_current());
 	int now = atomic_fetch_add(&in_handle, 1) + 1;
 	int most = atomic_load(&most_in_handle);
 	while (now > most &&
@@ -65,7 +58,7 @@ static void handle(void *ctx, void *item)
 static void fini(void *ctx)
 {
 	(void)ctx;
-	atomic_fetch_add(&finished_threads, 1);
+	atomic_fetch_add(&finished_workers, 1);
 }
 
 static const worker_ops ops = {init, handle, fini, NULL};
@@ -78,7 +71,7 @@ static void reset(int open)
 	atomic_store(&gate_open, open);
 	atomic_store(&in_handle, 0);
 	atomic_store(&most_in_handle, 0);
-	atomic_store(&finished_threads, 0);
+	atomic_store(&finished_workers, 0);
 }
 
 typedef struct producer {
@@ -96,8 +89,9 @@ static void *produce(void *arg)
 	return NULL;
 }
 
-/* Four producers, eight workers, a small queue: every item is handled
- * exactly once, whether it was handed to an idle worker or queued. */
+/* Four producer threads, eight workers, a small queue: every item is
+ * handled exactly once, whether it was handed to an idle worker or queued;
+ * items that wait let the others run meanwhile, on the one thread. */
 static void test_every_item_once(void **state)
 {
 	(void)state;
@@ -115,7 +109,8 @@ static void test_every_item_once(void **state)
 	assert_int_equal(atomic_load(&handled_total), N_ITEMS);
 	for (int i = 0; i < N_ITEMS; i++)
 		assert_int_equal(atomic_load(&handled[i]), 1);
-	assert_int_equal(atomic_load(&finished_threads), 8);
+	assert_int_equal(atomic_load(&finished_workers), 8);
+	assert_true(atomic_load(&most_in_handle) > 1);
 }
 
 /* With every worker busy, queue_size more wait and the next is refused;
@@ -150,33 +145,7 @@ static void test_stop_idle(void **state)
 	usleep(20000); /* let them go idle */
 	assert_int_equal(worker_pool_busy(p), 0);
 	worker_pool_stop(p);
-	assert_int_equal(atomic_load(&finished_threads), 4);
-}
-
-/* The same with the workers as fibers on one thread: items that wait let
- * the others run meanwhile. */
-static void test_fibers_every_item_once(void **state)
-{
-	use_fibers = true;
-	test_every_item_once(state);
-	/* eight fibers, items that wait: several in handle() at once, on
-	 * one thread */
-	assert_true(atomic_load(&most_in_handle) > 1);
-	use_fibers = false;
-}
-
-static void test_fibers_bound_busy_and_drain(void **state)
-{
-	use_fibers = true;
-	test_bound_busy_and_drain(state);
-	use_fibers = false;
-}
-
-static void test_fibers_stop_idle(void **state)
-{
-	use_fibers = true;
-	test_stop_idle(state);
-	use_fibers = false;
+	assert_int_equal(atomic_load(&finished_workers), 4);
 }
 
 int main(void)
@@ -185,9 +154,6 @@ int main(void)
 		cmocka_unit_test(test_every_item_once),
 		cmocka_unit_test(test_bound_busy_and_drain),
 		cmocka_unit_test(test_stop_idle),
-		cmocka_unit_test(test_fibers_every_item_once),
-		cmocka_unit_test(test_fibers_bound_busy_and_drain),
-		cmocka_unit_test(test_fibers_stop_idle),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
