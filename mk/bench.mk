@@ -15,6 +15,10 @@
 #                       coordinator with two workers on this machine, with
 #                       their ratios (needs citus.so); build-bench/citus.md.
 #                       `make bench BENCH_CITUS=1` runs it after the bench.
+#   make bench-ab BENCH_BASE=REV
+#                       the proxy built at git revision REV beside the
+#                       current tree, interleaved in one run: fresh keys,
+#                       replays, one-connection p50; build-bench/ab.md
 #
 # The binaries are built in their own directory with fixed flags, so a bench
 # never measures whatever build/ happens to hold.
@@ -22,15 +26,19 @@
 BENCH_OUT := build-bench
 BENCH_BIN := $(BENCH_OUT)/bin
 
+BENCH_OPT := -O2 -g
 BENCH_CITUS ?=
+BENCH_BASE ?=
+BENCH_BASE_DIR := $(BENCH_OUT)/base
 
-.PHONY: bench bench-profile bench-syscalls bench-model bench-deps bench-build bench-citus
+.PHONY: bench bench-profile bench-syscalls bench-model bench-deps bench-build bench-citus \
+	bench-ab bench-base-build
 
 bench-deps:
 	@tests/bench/deps.sh
 
 bench-build:
-	@$(MAKE) --no-print-directory BUILD=$(BENCH_BIN) OPT='-O2 -g' \
+	@$(MAKE) --no-print-directory BUILD=$(BENCH_BIN) OPT='$(BENCH_OPT)' \
 		$(BENCH_BIN)/idemproxy $(BENCH_BIN)/stub_upstream \
 		$(BENCH_BIN)/wake_cost $(BENCH_BIN)/evloop_model
 
@@ -69,3 +77,28 @@ bench-syscalls: bench-deps
 bench-model: bench-deps
 	@$(MAKE) --no-print-directory bench-build
 	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) tests/bench/model.sh
+
+# The base's source is its commit's tree (git archive) in
+# build-bench/base/src, extracted again only when REV names another commit;
+# built by its own Makefile with the flags of bench-build.
+bench-base-build:
+	@test -n "$(BENCH_BASE)" || { echo "bench-ab: name the base: make bench-ab BENCH_BASE=<git revision>" >&2; exit 2; }
+	@rev=$$(git rev-parse --verify -q "$(BENCH_BASE)^{commit}") || \
+		{ echo "bench-ab: $(BENCH_BASE) is not a commit" >&2; exit 2; }; \
+	if [ "$$(cat $(BENCH_BASE_DIR)/rev 2>/dev/null)" != "$$rev" ]; then \
+		rm -rf $(BENCH_BASE_DIR) && mkdir -p $(BENCH_BASE_DIR)/src && \
+		git archive "$$rev" | tar -x -C $(BENCH_BASE_DIR)/src && \
+		echo "$$rev" >$(BENCH_BASE_DIR)/rev; \
+	fi; \
+	echo "bench-ab: base $(BENCH_BASE) = $$rev"; \
+	$(MAKE) --no-print-directory -C $(BENCH_BASE_DIR)/src \
+		BUILD=$(CURDIR)/$(BENCH_BASE_DIR)/bin OPT='$(BENCH_OPT)' \
+		$(CURDIR)/$(BENCH_BASE_DIR)/bin/idemproxy
+
+bench-ab: bench-deps
+	@$(MAKE) --no-print-directory bench-build
+	@$(MAKE) --no-print-directory bench-base-build
+	@BENCH_BIN=$(BENCH_BIN) BENCH_OUT=$(BENCH_OUT) BENCH_BASE_BIN=$(BENCH_BASE_DIR)/bin \
+		BENCH_BASE_SRC=$(BENCH_BASE_DIR)/src \
+		BENCH_BASE_REV="$(BENCH_BASE) ($$(git rev-parse --short "$(BENCH_BASE)^{commit}"))" \
+		tests/bench/ab.sh

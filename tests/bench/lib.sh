@@ -80,7 +80,8 @@ stub_ctl() {
 # One file per proxy (CONF_NAME), so that a SIGHUP makes the running proxy
 # read a new level; BUSY_POLL sets busy_poll (default off); EXTRA_CONF is
 # appended as it is; DB_EXTRA and ROUTE_EXTRA are settings added to the
-# database group and to the route (citus.sh).
+# database group and to the route (citus.sh); CONF_IN is the template
+# (ab.sh: the base revision's own).
 write_conf() {
 	local level=$1 conf=$TMP/${CONF_NAME:-idemproxy}.conf
 	sed -e "s#@LISTEN@#127.0.0.1:$PROXY_PORT#" \
@@ -89,7 +90,7 @@ write_conf() {
 		-e "s#@DB_URL@#$DB_URL#" -e "s#@UPSTREAM@#$STUB#" \
 		-e "s/@WORKERS@/$WORKERS/" -e "s/@LOG_LEVEL@/$level/" \
 		-e "s/@DB_EXTRA@/${DB_EXTRA:-}/" -e "s/@ROUTE_EXTRA@/${ROUTE_EXTRA:-}/" \
-		"$HERE/conf/idemproxy.conf.in" >"$conf"
+		"${CONF_IN:-$HERE/conf/idemproxy.conf.in}" >"$conf"
 	[ -z "${EXTRA_CONF:-}" ] || printf '%s\n' "$EXTRA_CONF" >>"$conf"
 	echo "$conf"
 }
