@@ -23,7 +23,7 @@
 #include "problem.h"
 #include "seal.h"
 #include "store_admin.h"
-#include "store_pg.h"
+#include "store_pg_schema.h"
 
 #define KEYS_PREFIX "/admin/keys/"
 #define JSON_TYPE "application/json"
