@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fiber.h"
+#include "listen_addr.h"
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
@@ -211,33 +212,6 @@ static void render_timeout_answer(ip_buf *out)
 	ip_buf_free(&body);
 }
 
-int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
-		      bool *v6, char *err, size_t errlen)
-{
-	char host[256], port[16];
-	int portnum;
-	if (config_split_listen(listen, host, sizeof host, &portnum, err,
-				errlen))
-		return -1;
-	snprintf(port, sizeof port, "%d", portnum);
-	size_t hl = strlen(host);
-	struct addrinfo hints = {0}, *res = NULL;
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-	int rc = getaddrinfo(hl ? host : NULL, port, &hints, &res);
-	if (rc || !res) {
-		snprintf(err, errlen, "listen address %s: %s", listen,
-			 gai_strerror(rc));
-		return -1;
-	}
-	memset(ss, 0, sizeof *ss);
-	memcpy(ss, res->ai_addr, res->ai_addrlen);
-	*v6 = res->ai_family == AF_INET6;
-	freeaddrinfo(res);
-	return 0;
-}
-
 /* MHD hands the handler a decoded path without the query; the raw request
  * target comes through here, and what we return becomes the request's
  * context pointer. */
@@ -390,23 +364,6 @@ static bool valid_request_id(const char *v)
 	return true;
 }
 
-void http_client_ip(struct MHD_Connection *conn, char *out, size_t n)
-{
-	const union MHD_ConnectionInfo *ci =
-		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-	snprintf(out, n, "unknown");
-	if (!ci || !ci->client_addr)
-		return;
-	const struct sockaddr *sa = ci->client_addr;
-	if (sa->sa_family == AF_INET)
-		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr,
-			  out, (socklen_t)n);
-	else if (sa->sa_family == AF_INET6)
-		inet_ntop(AF_INET6,
-			  &((const struct sockaddr_in6 *)sa)->sin6_addr, out,
-			  (socklen_t)n);
-}
-
 static job *start_job(req_ctx *c, const char *method, const char *version)
 {
 	http_front *f = c->f;
@@ -422,7 +379,7 @@ static job *start_job(req_ctx *c, const char *method, const char *version)
 	c->j = j;
 	MHD_get_connection_values_n(c->conn, MHD_HEADER_KIND, collect_header,
 				    c);
-	http_client_ip(c->conn, j->client_ip, sizeof j->client_ip);
+	listen_addr_peer(c->conn, j->client_ip, sizeof j->client_ip);
 	/* A waiting request watches its socket for a hang-up (waiters.h). */
 	const union MHD_ConnectionInfo *fd =
 		MHD_get_connection_info(c->conn,
@@ -742,7 +699,7 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss;
 	bool v6;
-	if (http_parse_listen(o->listen, &ss, &v6, err, errlen))
+	if (listen_addr_parse(o->listen, &ss, &v6, err, errlen))
 		return NULL;
 	http_front *f = xcalloc(1, sizeof *f);
 	f->o = *o;
