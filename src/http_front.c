@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "fiber.h"
+#include "http_head.h"
 #include "listen_addr.h"
 #include "log.h"
 #include "metrics.h"
@@ -228,119 +229,19 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	return c;
 }
 
-/* RFC 3986 unreserved, sub-delims, ':' '@' (pchar) and '/' '?': the bytes
- * an origin-form target (RFC 9112 3.2.1) may hold besides %HH. Everything
- * else ('#', spaces, quotes, braces, non-ASCII...) is a byte that some
- * parser between us and the upstream would treat differently: curl drops a
- * fragment, for one, so the request routed and claimed would not be the
- * one executed. */
-static bool is_target_char(unsigned char ch)
-{
-	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-	       (ch >= '0' && ch <= '9') ||
-	       (ch && strchr("-._~!$&'()*+,;=:@/?", ch));
-}
-
-static bool is_hex(unsigned char ch)
-{
-	return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') ||
-	       (ch >= 'A' && ch <= 'F');
-}
-
-static bool origin_form(const char *t)
-{
-	if (t[0] != '/')
-		return false; /* absolute-form, authority-form, asterisk-form */
-	for (const unsigned char *p = (const unsigned char *)t; *p; p++) {
-		if (*p == '%') {
-			if (!is_hex(p[1]) || !is_hex(p[2]))
-				return false;
-			p += 2;
-		} else if (!is_target_char(*p)) {
-			return false;
-		}
-	}
-	return true;
-}
-
-/* Methods are case-sensitive (RFC 9110 9.1) but many frameworks upper-case
- * them: "post" would be forwarded unprotected and run as a POST. A method
- * must be a token without lower-case letters. */
-static bool method_ok(const char *m)
-{
-	if (!*m)
-		return false;
-	for (const unsigned char *p = (const unsigned char *)m; *p; p++)
-		if ((*p >= 'a' && *p <= 'z') || *p <= 0x20 || *p >= 0x7f ||
-		    strchr("\"(),/:;<=>?@[\\]{}", *p))
-			return false;
-	return true;
-}
-
-/* RFC 9110 5.6.2 tchar. */
-static bool is_tchar(unsigned char ch)
-{
-	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-	       (ch >= '0' && ch <= '9') || (ch && strchr("!#$%&'*+-.^_`|~", ch));
-}
-
-/* A name must be a token (no space, quote, colon: libmicrohttpd glues an
- * obs-fold continuation into the name, and an upstream would split such a
- * name differently from us). A value may hold visible ASCII, SP, HTAB and
- * obs-text, but no control byte. */
-static bool header_bytes_ok(const char *p, size_t n, bool is_value)
-{
-	if (!is_value && n == 0)
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)p[i];
-		if (!is_value) {
-			if (!is_tchar(ch))
-				return false;
-			continue;
-		}
-		if (ch == '\t')
-			continue;
-		if (ch < 0x20 || ch == 0x7f)
-			return false;
-	}
-	return true;
-}
-
-/* libmicrohttpd 0.9.75 parses a header line in place in its read buffer:
- * the name, the colon (overwritten with NUL), optional SP/HTAB, the value.
- * An obs-fold continuation line is glued onto the *name* (X-Tenant-I: V
- * followed by " d" arrives as X-Tenant-Id: V), and that name is moved to a
- * new block of the connection's memory pool, past the read buffer. So a
- * header whose value does not follow its own name on the same line was
- * folded: refuse it, as RFC 9112 5.2 allows. */
-static bool on_its_own_line(const char *key, size_t key_size,
-			    const char *value, size_t max_gap)
-{
-	uintptr_t k = (uintptr_t)key, v = (uintptr_t)value;
-	if (v < k + key_size + 1 || v - (k + key_size + 1) > max_gap)
-		return false;
-	if (key[key_size] != '\0')
-		return false;
-	for (const char *p = key + key_size + 1; p < value; p++)
-		if (*p != ' ' && *p != '\t')
-			return false;
-	return true;
-}
-
 static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 				      const char *key, size_t key_size,
 				      const char *value, size_t value_size)
 {
 	req_ctx *c = cls;
-	if (!value || !on_its_own_line(key, key_size, value,
-				       (size_t)c->j->cfg->max_header_size))
+	if (!value || !http_head_on_own_line(key, key_size, value,
+					     (size_t)c->j->cfg->max_header_size))
 		c->folded = true;
 	/* A control byte (bare CR, LF, NUL...) in a header would reach the
 	 * upstream, whose parser may split the line differently from ours:
 	 * refuse the request instead. */
-	if (!header_bytes_ok(key, key_size, false) ||
-	    (value && !header_bytes_ok(value, value_size, true))) {
+	if (!http_head_name_ok(key, key_size) ||
+	    (value && !http_head_value_ok(value, value_size))) {
 		if (ip_strcaseeq(key, "Idempotency-Key"))
 			c->bad_key = true;
 		else
@@ -351,17 +252,6 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 	header_list_add(&c->j->req_headers, key, key_size, value ? value : "",
 			value ? value_size : 0);
 	return MHD_YES;
-}
-
-static bool valid_request_id(const char *v)
-{
-	size_t n = v ? strlen(v) : 0;
-	if (n == 0 || n >= sizeof ((job *)0)->request_id)
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
-			return false;
-	return true;
 }
 
 static job *start_job(req_ctx *c, const char *method, const char *version)
@@ -386,7 +276,7 @@ static job *start_job(req_ctx *c, const char *method, const char *version)
 					MHD_CONNECTION_INFO_CONNECTION_FD);
 	j->client_fd = fd ? fd->connect_fd : -1;
 	const char *rid = header_list_get(&j->req_headers, "X-Request-Id");
-	if (valid_request_id(rid))
+	if (rid && http_head_request_id_ok(rid, sizeof j->request_id))
 		snprintf(j->request_id, sizeof j->request_id, "%s", rid);
 	else
 		snprintf(j->request_id, sizeof j->request_id, "%s%08lx",
@@ -467,31 +357,20 @@ static enum MHD_Result answer_close(req_ctx *c, int status, const char *code,
 	"the proxy is shutting down; retry on a new connection"
 
 /* What the request line and header block must satisfy before anything
- * else looks at the request; NULL when they do. */
+ * else looks at the request (http_head.h); NULL when they do. */
 static const char *head_problem(req_ctx *c, const char *method)
 {
 	header_list *h = &c->j->req_headers;
-	if (!method_ok(method))
-		return "the method must be a token in upper case (methods are "
-		       "case-sensitive)";
-	if (!origin_form(c->j->target))
-		return "the request target must be origin-form: a path from "
-		       "'/' with an optional query, only characters RFC 3986 "
-		       "allows there (a '%' followed by two hex digits), no "
-		       "fragment";
-	if (c->folded)
-		return "a header line is folded (obs-fold) or malformed";
-	size_t hosts = header_list_count(h, "Host");
-	bool http11 = strcmp(c->j->version, "HTTP/1.0") != 0;
-	if (hosts > 1 || (http11 && hosts == 0))
-		return "an HTTP/1.1 request needs exactly one Host header";
-	size_t te = header_list_count(h, "Transfer-Encoding");
-	if (te && (te > 1 || !http11 ||
-		   !ip_strcaseeq(header_list_get(h, "Transfer-Encoding"),
-				 "chunked")))
-		return "the only transfer coding accepted is a single "
-		       "\"chunked\"";
-	return NULL;
+	http_head head = {
+		.method = method,
+		.target = c->j->target,
+		.version = c->j->version,
+		.folded = c->folded,
+		.hosts = header_list_count(h, "Host"),
+		.te = header_list_count(h, "Transfer-Encoding"),
+		.te_value = header_list_get(h, "Transfer-Encoding"),
+	};
+	return http_head_problem(&head);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
@@ -540,12 +419,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 					  "larger than max_header_size, or "
 					  "there are too many header lines",
 					  0);
-		/* Two lengths, or a length beside chunked framing, is how
-		 * requests are smuggled past one parser to another. */
 		header_list *h = &c->j->req_headers;
-		if (header_list_count(h, "Content-Length") > 1 ||
-		    (header_list_count(h, "Content-Length") &&
-		     header_list_count(h, "Transfer-Encoding")))
+		if (!http_head_framing_ok(
+			    header_list_count(h, "Content-Length"),
+			    header_list_count(h, "Transfer-Encoding")))
 			return answer_now(c, 400, "bad_request", "rejected",
 					  "conflicting message framing "
 					  "(Content-Length)",
