@@ -21,7 +21,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
-#include "proxy.h"
+#include "reply.h"
 
 /* What a connection is waiting for, for the request deadlines: its request
  * head (from the moment it is ready for a request: accepted, or the
@@ -331,10 +331,10 @@ static enum MHD_Result answer(req_ctx *c, int status, const char *code,
 	if (!slot_enter(c->f, c->slot, PH_NONE, 0))
 		return MHD_NO;
 	j->outcome = outcome;
-	proxy_problem(j, status, code, detail, retry_after_s);
+	reply_problem(j, status, code, detail, retry_after_s);
 	if (close)
 		header_list_add(&j->resp_headers, "Connection", 10, "close", 5);
-	proxy_account(j);
+	reply_account(j);
 	atomic_store(&c->stage, ST_ANSWERED);
 	return send_job_response(c->conn, j);
 }
@@ -491,11 +491,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 			atomic_fetch_sub(&f->in_flight, 1);
 			j->outcome = "rejected";
 			metrics_event("overloaded");
-			proxy_problem(j, 503, "overloaded",
+			reply_problem(j, 503, "overloaded",
 				      "too many requests are waiting; retry "
 				      "shortly",
 				      1);
-			proxy_account(j);
+			reply_account(j);
 			atomic_store(&c->stage, ST_DONE);
 			MHD_resume_connection(conn);
 			fiber_sched_poke_source(f->o.sched);

@@ -13,6 +13,7 @@
 #include "problem.h"
 #include "record_retry.h"
 #include "replay_cache.h"
+#include "reply.h"
 #include "seal.h"
 #include "seal_tally.h"
 #include "store_batch.h"
@@ -78,50 +79,6 @@ void proxy_worker_fini(void *ctx)
 	ip_buf_free(&w->plain_b);
 	ip_buf_free(&w->raw);
 	free(w);
-}
-
-void proxy_problem(job *j, int status, const char *code, const char *detail,
-		   int64_t retry_after_s)
-{
-	j->status = status;
-	header_list_free(&j->resp_headers);
-	ip_buf_reset(&j->resp_body);
-	problem_render(&j->resp_body, status, code, detail, j->request_id);
-	header_list_add(&j->resp_headers, "Content-Type", 12,
-			PROBLEM_CONTENT_TYPE, strlen(PROBLEM_CONTENT_TYPE));
-	if (retry_after_s > 0) {
-		char v[24];
-		int n = snprintf(v, sizeof v, "%lld", (long long)retry_after_s);
-		header_list_add(&j->resp_headers, "Retry-After", 11, v,
-				(size_t)n);
-	}
-}
-
-void proxy_account(job *j)
-{
-	double total = ip_now_ms() - j->t_start_ms;
-	metrics_request(j->route_name, j->outcome ? j->outcome : "rejected");
-	metrics_observe_request_ms(total);
-	char path[512];
-	size_t n = j->path_len < sizeof path - 1 ? j->path_len
-						 : sizeof path - 1;
-	memcpy(path, j->target ? j->target : "", j->target ? n : 0);
-	path[j->target ? n : 0] = '\0';
-	log_request r = {
-		.request_id = j->request_id,
-		.route = j->route_name,
-		.method = j->method,
-		.path = path,
-		.tenant = j->tenant,
-		.key = j->key,
-		.outcome = j->outcome,
-		.status = j->status,
-		.attempt = j->attempt,
-		.upstream_ms = j->upstream_ms,
-		.store_ms = j->store_ms,
-		.total_ms = total,
-	};
-	log_request_line(&r);
 }
 
 /* Is name listed in the request's Connection header(s)? */
@@ -278,7 +235,7 @@ static void response_too_large(job *j, const upstream_resp *resp)
 		 "the upstream answered %d with a body too large to pass on "
 		 "(%s)",
 		 resp->status, resp->error);
-	proxy_problem(j, 502, "upstream_response_too_large", d, 0);
+	reply_problem(j, 502, "upstream_response_too_large", d, 0);
 }
 
 static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
@@ -290,9 +247,9 @@ static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 	else if (resp.outcome == UP_RESPONSE)
 		pass_response(j, &resp);
 	else if (resp.outcome == UP_NOT_SENT)
-		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
+		reply_problem(j, 502, "upstream_unavailable", resp.error, 0);
 	else
-		proxy_problem(j, 504, "upstream_outcome_unknown", resp.error,
+		reply_problem(j, 504, "upstream_outcome_unknown", resp.error,
 			      idem_retry_after_s(r->retry_after_ms));
 	upstream_resp_free(&resp);
 }
@@ -504,7 +461,7 @@ static void respond_unreadable(job *j, const idem_plan *p, const char *why)
 	log_error("stored record cannot be read; not replayed",
 		  "request_id=%s route=%s key=%s %s", j->request_id,
 		  p->route->name, p->key, why);
-	proxy_problem(j, 500, "idempotency_record_unreadable",
+	reply_problem(j, 500, "idempotency_record_unreadable",
 		      "the response stored for this key cannot be read; it is "
 		      "not replayed and the request was not forwarded again",
 		      0);
@@ -515,7 +472,7 @@ static void replay(proxy_worker *w, job *j, const idem_plan *p,
 {
 	if (!c->replayable) {
 		j->outcome = "not_replayable";
-		proxy_problem(j, 409, "idempotency_response_not_replayable",
+		reply_problem(j, 409, "idempotency_response_not_replayable",
 			      "the first response to this key was too large "
 			      "to store; it cannot be replayed",
 			      0);
@@ -705,7 +662,7 @@ static void lease_too_short(proxy_worker *w, job *j, const idem_plan *p,
 		 (long long)(r->upstream_timeout_ms +
 			     route_lease_margin_ms(r)));
 	j->outcome = "lease_expired";
-	proxy_problem(j, 503, "idempotency_lease_expired",
+	reply_problem(j, 503, "idempotency_lease_expired",
 		      "the key was claimed too late to finish the upstream "
 		      "call within its lease; nothing was sent and the key "
 		      "was released: retry with the same key",
@@ -742,12 +699,12 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		pass_response(j, &resp);
 	} else if (resp.outcome == UP_NOT_SENT) {
 		j->outcome = "upstream_unavailable";
-		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
+		reply_problem(j, 502, "upstream_unavailable", resp.error, 0);
 	} else {
 		j->outcome = "outcome_unknown";
 		log_warn("upstream outcome unknown", "request_id=%s key=%s %s",
 			 j->request_id, p->key, resp.error);
-		proxy_problem(j, 504, "upstream_outcome_unknown",
+		reply_problem(j, 504, "upstream_outcome_unknown",
 			      "the request was sent upstream but no complete "
 			      "answer came back; retry with the same key",
 			      idem_retry_after_s(r->lease_ms));
@@ -777,7 +734,7 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 		return;
 	}
 	j->outcome = "store_unavailable";
-	proxy_problem(j, 503, "idempotency_store_unavailable",
+	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
 		      idem_retry_after_s(r->retry_after_ms));
@@ -793,7 +750,7 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 	log_warn("store error while waiting", "request_id=%s %s",
 		 j->request_id, err);
 	j->outcome = "store_unavailable";
-	proxy_problem(j, 503, "idempotency_store_unavailable",
+	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
 		      idem_retry_after_s(r->retry_after_ms));
@@ -882,7 +839,7 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 {
 	const route_cfg *r = j->plan->route;
 	j->outcome = why == WAITERS_CLIENT_GONE ? "client_gone" : "in_flight";
-	proxy_problem(j, 409, "idempotency_key_in_use",
+	reply_problem(j, 409, "idempotency_key_in_use",
 		      why == WAITERS_SHUTDOWN
 			      ? "an earlier request with this key is still "
 				"being processed and this instance is "
@@ -892,7 +849,7 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 				"retry after the delay",
 		      idem_retry_after_s(r->retry_after_ms));
 	add_preference_applied(j);
-	proxy_account(j);
+	reply_account(j);
 	j->done(j);
 }
 
@@ -972,7 +929,7 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 			break;
 		}
 		j->outcome = "in_flight";
-		proxy_problem(j, 409, "idempotency_key_in_use",
+		reply_problem(j, 409, "idempotency_key_in_use",
 			      "an earlier request with this key is still being "
 			      "processed; retry after the delay",
 			      idem_retry_after_s(r->retry_after_ms));
@@ -980,7 +937,7 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	case CLAIM_HELD:
 		leave_wait(w, j, "held");
 		j->outcome = "in_flight";
-		proxy_problem(j, 409, "idempotency_key_in_use",
+		reply_problem(j, 409, "idempotency_key_in_use",
 			      "the outcome of an earlier attempt with this key "
 			      "is unknown and the key is held until an "
 			      "operator releases it",
@@ -989,7 +946,7 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	case CLAIM_MISMATCH:
 		leave_wait(w, j, "mismatch");
 		j->outcome = "mismatch";
-		proxy_problem(j, r->mismatch_status, "idempotency_key_mismatch",
+		reply_problem(j, r->mismatch_status, "idempotency_key_mismatch",
 			      "this key was already used with a different "
 			      "request payload",
 			      0);
@@ -1033,8 +990,8 @@ bool proxy_fast_path(void *arg, job *j)
 	const idem_plan *p = plan_job(j);
 	if (p->action == IDEM_REJECT) {
 		j->outcome = p->outcome;
-		proxy_problem(j, p->status, p->code, p->detail, 0);
-		proxy_account(j);
+		reply_problem(j, p->status, p->code, p->detail, 0);
+		reply_account(j);
 		return true;
 	}
 	/* Canonicalising a large JSON body would stall every connection on
@@ -1077,7 +1034,7 @@ bool proxy_fast_path(void *arg, job *j)
 		plan_wait(j, p->route);
 		add_preference_applied(j);
 		metrics_event("replay_cache_hit");
-		proxy_account(j);
+		reply_account(j);
 	}
 	ip_buf_free(&h);
 	ip_buf_free(&b);
@@ -1094,7 +1051,7 @@ void proxy_worker_handle(void *ctx, void *item)
 	switch (p->action) {
 	case IDEM_REJECT:
 		j->outcome = p->outcome;
-		proxy_problem(j, p->status, p->code, p->detail, 0);
+		reply_problem(j, p->status, p->code, p->detail, 0);
 		break;
 	case IDEM_PASSTHROUGH:
 		j->outcome = "passthrough";
@@ -1106,6 +1063,6 @@ void proxy_worker_handle(void *ctx, void *item)
 		add_preference_applied(j);
 		break;
 	}
-	proxy_account(j);
+	reply_account(j);
 	j->done(j);
 }
