@@ -373,135 +373,162 @@ static const char *head_problem(req_ctx *c, const char *method)
 	return http_head_problem(&head);
 }
 
+/* The head's size and its framing, once it passed the checks on its
+ * bytes. */
+static enum MHD_Result on_head_sizes(req_ctx *c, const char *method)
+{
+	size_t head = strlen(c->j->target) + strlen(method) + 16 +
+		      c->header_bytes;
+	if (head > (size_t)c->j->cfg->max_header_size ||
+	    c->header_count > FRONT_MAX_HEADERS)
+		return answer_now(c, 431, "request_too_large", "rejected",
+				  "the request line and headers are "
+				  "larger than max_header_size, or "
+				  "there are too many header lines",
+				  0);
+	header_list *h = &c->j->req_headers;
+	if (!http_head_framing_ok(header_list_count(h, "Content-Length"),
+				  header_list_count(h, "Transfer-Encoding")))
+		return answer_now(c, 400, "bad_request", "rejected",
+				  "conflicting message framing "
+				  "(Content-Length)",
+				  0);
+	const char *cl = header_list_get(h, "Content-Length");
+	if (cl && strtoull(cl, NULL, 10) >
+			  (unsigned long long)c->j->cfg->max_request_body) {
+		c->too_large = true;
+		return answer_now(c, 413, "request_too_large", "rejected",
+				  "the request body is larger than "
+				  "max_request_body",
+				  0);
+	}
+	return MHD_YES;
+}
+
+/* The head has arrived: start the job, then refuse what must not reach a
+ * worker, before any of the body is read. */
+static enum MHD_Result on_head(req_ctx *c, const char *method,
+			       const char *version)
+{
+	http_front *f = c->f;
+	c->j = start_job(c, method, version);
+	atomic_store(&c->stage, ST_BODY);
+	c->counted = true;
+	atomic_fetch_add(&f->open_requests, 1);
+	if (!slot_enter(f, c->slot, PH_BODY,
+			c->j->cfg->request_body_timeout_ms))
+		return MHD_NO;
+	const char *why = head_problem(c, method);
+	if (why)
+		return answer_close(c, 400, "bad_request", "rejected", why, 0);
+	if (atomic_load(&f->draining))
+		return answer_close(c, 503, "shutting_down", "rejected",
+				    SHUTTING_DOWN_DETAIL, 1);
+	if (c->bad_key && !c->bad_header)
+		return answer_now(c, 400, "idempotency_key_invalid",
+				  "key_invalid",
+				  "the key contains a control character", 0);
+	if (c->bad_header)
+		return answer_now(c, 400, "bad_request", "rejected",
+				  "a request header contains a control "
+				  "character",
+				  0);
+	return on_head_sizes(c, method);
+}
+
+/* A piece of the body. Chunked uploads come without Content-Length: the
+ * limit is enforced while accumulating. */
+static enum MHD_Result on_upload(req_ctx *c, const char *upload,
+				 size_t *upload_size)
+{
+	if (!c->too_large &&
+	    c->j->body.len + *upload_size > (size_t)c->j->cfg->max_request_body) {
+		c->too_large = true;
+		ip_buf_free(&c->j->body);
+	}
+	if (!c->too_large)
+		ip_buf_append(&c->j->body, upload, *upload_size);
+	*upload_size = 0;
+	return MHD_YES;
+}
+
+/* The worker queue was full: answered here, and the connection resumed
+ * at once. */
+static void refuse_overloaded(req_ctx *c)
+{
+	http_front *f = c->f;
+	job *j = c->j;
+	atomic_fetch_sub(&f->in_flight, 1);
+	j->outcome = "rejected";
+	metrics_event("overloaded");
+	reply_problem(j, 503, "overloaded",
+		      "too many requests are waiting; retry shortly", 1);
+	reply_account(j);
+	atomic_store(&c->stage, ST_DONE);
+	MHD_resume_connection(c->conn);
+	fiber_sched_poke_source(f->o.sched);
+}
+
+/* The whole body has arrived: the fast path answers on this thread, or
+ * the connection is suspended and the job goes to a worker. */
+static enum MHD_Result on_body_done(req_ctx *c)
+{
+	http_front *f = c->f;
+	if (c->too_large)
+		return answer_now(c, 413, "request_too_large", "rejected",
+				  "the request body is larger than "
+				  "max_request_body",
+				  0);
+	job *j = c->j;
+	/* Counted before the drain flag is read (both seq_cst): either
+	 * this request sees the drain and is not started, or the drain
+	 * sees it in flight and waits for it. */
+	atomic_fetch_add(&f->in_flight, 1);
+	if (atomic_load(&f->draining)) {
+		atomic_fetch_sub(&f->in_flight, 1);
+		return answer_close(c, 503, "shutting_down", "rejected",
+				    SHUTTING_DOWN_DETAIL, 1);
+	}
+	if (!slot_enter(f, c->slot, PH_NONE, 0)) {
+		atomic_fetch_sub(&f->in_flight, 1);
+		return MHD_NO;
+	}
+	if (f->o.fast && f->o.fast(f->o.fast_arg, j)) {
+		atomic_fetch_sub(&f->in_flight, 1);
+		atomic_store(&c->stage, ST_ANSWERED);
+		return send_job_response(c->conn, j);
+	}
+	j->done = on_job_done;
+	j->front_ctx = c;
+	atomic_store(&c->stage, ST_WAITING);
+	/* Suspend before the job can finish, so the resume always follows
+	 * the suspend. */
+	MHD_suspend_connection(c->conn);
+	if (!f->o.submit(f->o.arg, j))
+		refuse_overloaded(c);
+	return MHD_YES;
+}
+
+/* libmicrohttpd calls this once the head is read, once per piece of the
+ * body, once after the body, and again after the connection is resumed
+ * (the worker is done). */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 				  const char *url, const char *method,
 				  const char *version, const char *upload,
 				  size_t *upload_size, void **ctxp)
 {
-	http_front *f = cls;
 	req_ctx *c = *ctxp;
 	if (!c) /* no URI callback ran: should not happen */
 		return MHD_NO;
 	int st = atomic_load(&c->stage);
-
-	if (st == ST_HEADERS) {
-		c->j = start_job(c, method, version);
-		atomic_store(&c->stage, ST_BODY);
-		c->counted = true;
-		atomic_fetch_add(&f->open_requests, 1);
-		if (!slot_enter(f, c->slot, PH_BODY,
-				c->j->cfg->request_body_timeout_ms))
-			return MHD_NO;
-		const char *why = head_problem(c, method);
-		if (why)
-			return answer_close(c, 400, "bad_request", "rejected",
-					    why, 0);
-		if (atomic_load(&f->draining))
-			return answer_close(c, 503, "shutting_down", "rejected",
-					    SHUTTING_DOWN_DETAIL, 1);
-		if (c->bad_key && !c->bad_header)
-			return answer_now(c, 400, "idempotency_key_invalid",
-					  "key_invalid",
-					  "the key contains a control character",
-					  0);
-		if (c->bad_header)
-			return answer_now(c, 400, "bad_request", "rejected",
-					  "a request header contains a control "
-					  "character",
-					  0);
-		size_t head = strlen(c->j->target) + strlen(method) + 16 +
-			      c->header_bytes;
-		if (head > (size_t)c->j->cfg->max_header_size ||
-		    c->header_count > FRONT_MAX_HEADERS)
-			return answer_now(c, 431, "request_too_large",
-					  "rejected",
-					  "the request line and headers are "
-					  "larger than max_header_size, or "
-					  "there are too many header lines",
-					  0);
-		header_list *h = &c->j->req_headers;
-		if (!http_head_framing_ok(
-			    header_list_count(h, "Content-Length"),
-			    header_list_count(h, "Transfer-Encoding")))
-			return answer_now(c, 400, "bad_request", "rejected",
-					  "conflicting message framing "
-					  "(Content-Length)",
-					  0);
-		const char *cl = header_list_get(h, "Content-Length");
-		if (cl && strtoull(cl, NULL, 10) >
-				  (unsigned long long)c->j->cfg->max_request_body) {
-			c->too_large = true;
-			return answer_now(c, 413, "request_too_large",
-					  "rejected",
-					  "the request body is larger than "
-					  "max_request_body",
-					  0);
-		}
-		return MHD_YES;
-	}
+	if (st == ST_HEADERS)
+		return on_head(c, method, version);
 	if (c->slot && atomic_load(&c->slot->expired))
 		return MHD_NO; /* answered 408 by the watchdog */
-	if (st == ST_BODY && *upload_size) {
-		/* Chunked uploads come without Content-Length: enforce the
-		 * limit while accumulating. */
-		if (!c->too_large &&
-		    c->j->body.len + *upload_size >
-			    (size_t)c->j->cfg->max_request_body) {
-			c->too_large = true;
-			ip_buf_free(&c->j->body);
-		}
-		if (!c->too_large)
-			ip_buf_append(&c->j->body, upload, *upload_size);
-		*upload_size = 0;
-		return MHD_YES;
-	}
-	if (st == ST_BODY) {
-		if (c->too_large)
-			return answer_now(c, 413, "request_too_large",
-					  "rejected",
-					  "the request body is larger than "
-					  "max_request_body",
-					  0);
-		job *j = c->j;
-		/* Counted before the drain flag is read (both seq_cst): either
-		 * this request sees the drain and is not started, or the drain
-		 * sees it in flight and waits for it. */
-		atomic_fetch_add(&f->in_flight, 1);
-		if (atomic_load(&f->draining)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			return answer_close(c, 503, "shutting_down", "rejected",
-					    SHUTTING_DOWN_DETAIL, 1);
-		}
-		if (!slot_enter(f, c->slot, PH_NONE, 0)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			return MHD_NO;
-		}
-		if (f->o.fast && f->o.fast(f->o.fast_arg, j)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			atomic_store(&c->stage, ST_ANSWERED);
-			return send_job_response(conn, j);
-		}
-		j->done = on_job_done;
-		j->front_ctx = c;
-		atomic_store(&c->stage, ST_WAITING);
-		/* Suspend before the job can finish, so the resume always
-		 * follows the suspend. */
-		MHD_suspend_connection(conn);
-		if (!f->o.submit(f->o.arg, j)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			j->outcome = "rejected";
-			metrics_event("overloaded");
-			reply_problem(j, 503, "overloaded",
-				      "too many requests are waiting; retry "
-				      "shortly",
-				      1);
-			reply_account(j);
-			atomic_store(&c->stage, ST_DONE);
-			MHD_resume_connection(conn);
-			fiber_sched_poke_source(f->o.sched);
-		}
-		return MHD_YES;
-	}
+	if (st == ST_BODY && *upload_size)
+		return on_upload(c, upload, upload_size);
+	if (st == ST_BODY)
+		return on_body_done(c);
 	if (st == ST_DONE) {
 		atomic_store(&c->stage, ST_ANSWERED);
 		return send_job_response(conn, c->j);
@@ -572,12 +599,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 	log_warn("libmicrohttpd", "%s", msg);
 }
 
-http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
+/* The front end's state, before its daemon. */
+static http_front *front_new(const front_opts *o)
 {
-	struct sockaddr_storage ss;
-	bool v6;
-	if (listen_addr_parse(o->listen, &ss, &v6, err, errlen))
-		return NULL;
 	http_front *f = xcalloc(1, sizeof *f);
 	f->o = *o;
 	uint8_t rnd[8];
@@ -591,15 +615,22 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 	pthread_cond_init(&f->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	render_timeout_answer(&f->timeout_answer);
-	/* The daemon has no thread of its own: the scheduler runs it
-	 * (run_daemon) when its epoll set is ready. */
+	return f;
+}
+
+/* The daemon has no thread of its own: the scheduler runs it
+ * (run_daemon) when its epoll set is ready. */
+static struct MHD_Daemon *start_daemon(http_front *f,
+				       struct sockaddr_storage *ss, bool v6)
+{
+	const front_opts *o = &f->o;
 	unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
 			 MHD_USE_ITC | MHD_USE_ERROR_LOG;
 	if (v6)
 		flags |= MHD_USE_IPv6;
-	f->d = MHD_start_daemon(
+	return MHD_start_daemon(
 		flags, 0, NULL, NULL, on_request, f, MHD_OPTION_SOCK_ADDR,
-		(struct sockaddr *)&ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
+		(struct sockaddr *)ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
 		MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
 		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, f,
@@ -620,6 +651,16 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		 * spaces in the target itself. */
 		MHD_OPTION_STRICT_FOR_CLIENT, (int)0,
 		MHD_OPTION_END);
+}
+
+http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss;
+	bool v6;
+	if (listen_addr_parse(o->listen, &ss, &v6, err, errlen))
+		return NULL;
+	http_front *f = front_new(o);
+	f->d = start_daemon(f, &ss, v6);
 	if (!f->d) {
 		snprintf(err, errlen, "cannot listen on %s (in use?)",
 			 o->listen);
