@@ -441,8 +441,8 @@ static enum MHD_Result on_head(req_ctx *c, const char *method,
 static enum MHD_Result on_upload(req_ctx *c, const char *upload,
 				 size_t *upload_size)
 {
-	if (!c->too_large &&
-	    c->j->body.len + *upload_size > (size_t)c->j->cfg->max_request_body) {
+	size_t max = (size_t)c->j->cfg->max_request_body;
+	if (!c->too_large && c->j->body.len + *upload_size > max) {
 		c->too_large = true;
 		ip_buf_free(&c->j->body);
 	}

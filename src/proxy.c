@@ -591,8 +591,8 @@ static int record_write(proxy_worker *w, job *j, const idem_plan *p,
 	if (what == REC_RELEASE)
 		return store_release(w->st, k, &o->fenced, err, errlen);
 	o->replayable = r->status_only ||
-			(!resp->too_large &&
-			 (int64_t)resp->body.len <= j->cfg->max_stored_response);
+			(!resp->too_large && (int64_t)resp->body.len <=
+						     j->cfg->max_stored_response);
 	o->keep_body = o->keep_body && o->replayable;
 	idem_encode_replay_headers(r, &resp->headers, h);
 	make_stored(w, j, p, resp->status, h,

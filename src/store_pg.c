@@ -250,8 +250,6 @@ const stmt_def store_stmts[] = {
 	 "WHERE seal_key <> ALL ($1) ORDER BY 1"},
 };
 
-const size_t store_n_stmts = sizeof store_stmts / sizeof store_stmts[0];
-
 store *store_new(const char *url, int64_t statement_timeout_ms)
 {
 	store *s = xcalloc(1, sizeof *s);
@@ -350,14 +348,16 @@ int store_ensure(store *s, char *err, size_t errlen)
 	}
 	if (!fresh)
 		return 0;
-	for (size_t i = 0; i < store_n_stmts; i++) {
+	size_t n = sizeof store_stmts / sizeof store_stmts[0];
+	for (size_t i = 0; i < n; i++) {
 		/* run_command_on_shards exists only with Citus. */
 		if ((i == ST_PER_SHARD || i == ST_SHARD_WALK) && !s->citus)
 			continue;
 		PGresult *r = pg_link_result(
 			&s->link,
 			PQsendPrepare(s->link.conn, store_stmts[i].name,
-				      store_stmts[i].sql, store_stmts[i].nparams,
+				      store_stmts[i].sql,
+				      store_stmts[i].nparams,
 				      store_stmts[i].types) == 1);
 		int rc = exec_ok(s, r, PGRES_COMMAND_OK, err, errlen,
 				 "prepare");
@@ -574,7 +574,8 @@ static int write_once(store *s, int st, const char *want,
 	if (store_ensure(s, err, errlen))
 		return -1;
 	PGresult *r = run(s, st, vals, lens, fmts, 0);
-	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, store_stmts[st].name);
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen,
+			 store_stmts[st].name);
 	bool none = !rc && affected(r) == 0;
 	if (!rc && !none)
 		*marked = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't';

@@ -85,10 +85,9 @@ enum {
 
 /* Every statement, indexed by ST_*; store_ensure prepares them. */
 extern const stmt_def store_stmts[];
-extern const size_t store_n_stmts;
 
-static inline int exec_ok(store *s, PGresult *res, ExecStatusType want, char *err,
-		   size_t errlen, const char *what)
+static inline int exec_ok(store *s, PGresult *res, ExecStatusType want,
+			  char *err, size_t errlen, const char *what)
 {
 	if (res && PQresultStatus(res) == want)
 		return 0;
@@ -133,11 +132,12 @@ static inline void put_i64(char out[8], int64_t v)
  * result is PQexec's: the last one, NULL if the query was not sent or its
  * answer did not come in time. */
 static inline PGresult *run(store *s, int st, const char *const *vals,
-		     const int *lens, const int *fmts, int result_binary)
+			    const int *lens, const int *fmts,
+			    int result_binary)
 {
 	bool sent = PQsendQueryPrepared(s->link.conn, store_stmts[st].name,
-					store_stmts[st].nparams, vals, lens, fmts,
-					result_binary) == 1;
+					store_stmts[st].nparams, vals, lens,
+					fmts, result_binary) == 1;
 	return pg_link_result(&s->link, sent);
 }
 

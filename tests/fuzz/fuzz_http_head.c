@@ -46,7 +46,8 @@ static void check_target(const char *t)
 	IP_ASSERT(t[0] == '/');
 	for (size_t i = 0; t[i]; i++) {
 		unsigned char ch = (unsigned char)t[i];
-		IP_ASSERT(ch > 0x20 && ch < 0x7f && !strchr("#\"<>\\^`{|}[]", ch));
+		IP_ASSERT(ch > 0x20 && ch < 0x7f &&
+			  !strchr("#\"<>\\^`{|}[]", ch));
 		if (ch == '%')
 			IP_ASSERT(t[i + 1] && t[i + 2]);
 	}
