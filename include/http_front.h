@@ -45,13 +45,4 @@ int http_front_in_flight(http_front *f);
 int http_front_drain(http_front *f, int64_t grace_ms);
 void http_front_stop(http_front *f);
 
-/* The peer's address as text ("unknown" if MHD cannot tell). */
-struct MHD_Connection;
-void http_client_ip(struct MHD_Connection *conn, char *out, size_t n);
-
-/* "host:port" / "[v6]:port" -> sockaddr; shared with the admin listener. */
-struct sockaddr_storage;
-int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
-		      bool *v6, char *err, size_t errlen) IP_WUR;
-
 #endif

@@ -44,12 +44,4 @@ void proxy_worker_fini(void *ctx);
 enum waiters_end;
 void proxy_wait_answer(void *arg, job *j, enum waiters_end why);
 
-/* Fills j's response with a problem+json answer (used by the front end for
- * the answers it gives itself, too). retry_after_s <= 0: no Retry-After. */
-void proxy_problem(job *j, int status, const char *code, const char *detail,
-		   int64_t retry_after_s);
-
-/* Logs the request line and counts it; call once per request, last. */
-void proxy_account(job *j);
-
 #endif

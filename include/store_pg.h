@@ -1,6 +1,8 @@
 /* The PostgreSQL store. One `store` is one connection, owned by one thread;
  * statements are prepared at connect and the connection is re-made (and
- * re-prepared) after it breaks. */
+ * re-prepared) after it breaks. This header has the connection and the
+ * statements on one record; the batch statements are in store_pg_many.h,
+ * the reaper's in store_pg_reap.h, the schema's in store_pg_schema.h. */
 #ifndef IDEMPROXY_STORE_PG_H
 #define IDEMPROXY_STORE_PG_H
 
@@ -108,19 +110,6 @@ int store_claim_existing(store *s, const claim_req *req, claim_result *out,
  * 1, the whole lease, the record living max(ttl, lease). */
 void store_claim_fresh(const claim_req *req, claim_result *out);
 
-/* Most attempts one *_many statement carries. */
-#define STORE_MANY_MAX 256
-
-/* The first step of store_claim for n attempts (1..STORE_MANY_MAX) in one
- * statement and one commit, on a plain store: inserted[i] says attempt i's
- * key was new and is now its own (store_claim_fresh); otherwise the key
- * exists (store_claim_existing decides). Once more on a fresh connection
- * when the one in hand turned out to be broken. 0, or -1 on a store failure
- * (err filled, store_outage tells which kind): nothing is known then, and
- * any of the inserts may have committed (a claim repeated with the same
- * owner token carries on as that attempt). */
-int store_claim_new_many(store *s, const claim_req *const *reqs, int n,
-			 bool *inserted, char *err, size_t errlen) IP_WUR;
 
 typedef struct record_key {
 	const char *tenant;
@@ -156,16 +145,6 @@ typedef struct complete_req {
 /* store_complete, its arguments in one place. */
 int store_complete_req(store *s, const complete_req *q, bool *fenced,
 		       char *err, size_t errlen) IP_WUR;
-/* n completes (1..STORE_MANY_MAX) in one statement and one commit, without
- * repeat handling or NOTIFY: updated[i] says attempt i's record was
- * written, marked[i] that a waiter had marked it. Not updated: fenced, or,
- * when *resent (the statement went out once more on a fresh connection
- * after the first broke, and may have committed), to be settled with
- * store_settle. 0, or -1 (err; nothing is known, any may have
- * committed). */
-int store_complete_many(store *s, const complete_req *const *reqs, int n,
-			bool *updated, bool *marked, bool *resent, char *err,
-			size_t errlen) IP_WUR;
 /* After a complete that may have committed on a connection that broke,
  * and a repeat that wrote nothing: is the record completed under k's
  * owner? *fenced when not. */
@@ -191,42 +170,6 @@ int store_wait_mark(store *s, const char *tenant, const char *operation,
 		    const char *key, bool *marked, int64_t *lease_left_ms,
 		    char *err, size_t errlen) IP_WUR;
 
-/* Reaper statements. */
-/* Walks up to batch rows whose lease ended at or after *since (text of a
- * timestamptz; "-infinity" at first), releasing the processing ones that
- * are not held; the held ones join *held (a tid[] as text, "{}" or empty at
- * first). since advances to the last lease walked, and *more says a full
- * batch was walked. */
-int store_reap_leases(store *s, int batch, char *since, size_t since_len,
-		      ip_buf *held, int *released, bool *more, char *err,
-		      size_t errlen) IP_WUR;
-/* The walk's safety net: releases the processing rows whose lease ended
- * (not held) in pages [*page, *page + pages) of the table, whatever their
- * place in the walk; held ones join *held. *page moves on, back to 0 after
- * the table's last page. On a distributed store each shard keeps its own
- * page in the map (held) and page is not used. */
-int store_sweep_leases(store *s, int pages, int64_t *page, ip_buf *held,
-		       int *released, char *err, size_t errlen) IP_WUR;
-int store_purge_expired(store *s, int batch, int *purged, char *err,
-			size_t errlen) IP_WUR;
-/* Processing rows and the oldest one's age, from since and held as the
- * walk left them; held keeps the rows still held.
- * On a distributed store (store_set_distributed) both walk every shard
- * from its own place: held is then the map of each shard's since and held
- * rows (JSON, empty at first), and since is not used. */
-int store_processing_stats(store *s, const char *since, ip_buf *held,
-			   int64_t *count, double *oldest_age_s, char *err,
-			   size_t errlen) IP_WUR;
-
-/* Schema: the highest applied migration (0 if none). */
-int store_schema_version(store *s, int *version, char *err,
-			 size_t errlen) IP_WUR;
-/* Applies the embedded migrations the database lacks; *applied counts them. */
-int store_migrate(store *s, int *applied, char *err, size_t errlen) IP_WUR;
-/* The secret that keys the NOTIFY payloads (migration 011), read once at
- * start; every instance reads the same one. */
-int store_wake_key_read(store *s, wake_key *out, char *err,
-			size_t errlen) IP_WUR;
 /* Recording a record a waiter marked sends a NOTIFY named with wk (which
  * must outlive s); without one, no NOTIFY is sent. */
 void store_set_wake_key(store *s, const wake_key *wk);
@@ -236,25 +179,5 @@ void store_set_wake_key(store *s, const wake_key *wk);
 int store_seal_counts(store *s, const seal_tally_entry *add, size_t nadd,
 		      seal_tally_entry *out, size_t max, size_t *nout,
 		      char *err, size_t errlen) IP_WUR;
-/* The version this binary expects (the highest embedded migration). */
-int store_expected_version(void);
-
-/* How the records are laid out on this database. */
-enum store_layout {
-	STORE_PLAIN,             /* no citus extension */
-	STORE_CITUS_LOCAL,       /* citus, the table absent or not distributed */
-	STORE_CITUS_OTHER,       /* distributed, but not by hash of tenant */
-	STORE_CITUS_PARTIAL,     /* by tenant; a function not distributed */
-	STORE_CITUS_DISTRIBUTED, /* by tenant, the functions with it */
-};
-int store_layout_get(store *s, enum store_layout *out, char *err,
-		     size_t errlen) IP_WUR;
-/* One line saying how the layout disagrees with the setting, or NULL. */
-const char *store_layout_mismatch(enum store_layout l, bool citus);
-/* On a Citus coordinator, after store_migrate: distributes the records by
- * tenant (copying the rows of a store migrated plain; *converted then) if
- * not done yet, and the proxy's functions with them. Idempotent. */
-int store_distribute(store *s, bool *converted, char *err,
-		     size_t errlen) IP_WUR;
 
 #endif

@@ -11,7 +11,7 @@
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS ?= idkey json pathtpl units config keys jsonptr jwt
+FUZZ_TARGETS ?= idkey json pathtpl units config keys jsonptr jwt http_head
 
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -std=gnu11 \
@@ -32,6 +32,7 @@ FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units seal keyparts \
 FUZZ_DEPS_keys    := $(call fuzz_objs,seal)
 FUZZ_DEPS_jsonptr := $(call fuzz_objs,jsonptr)
 FUZZ_DEPS_jwt     := $(call fuzz_objs,jwt_auth)
+FUZZ_DEPS_http_head := $(call fuzz_objs,http_head)
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_OBJS := $(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_DEPS_$(t))))

@@ -16,14 +16,14 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "http_front.h"
 #include "idem.h"
+#include "listen_addr.h"
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
 #include "seal.h"
 #include "store_admin.h"
-#include "store_pg.h"
+#include "store_pg_schema.h"
 
 #define KEYS_PREFIX "/admin/keys/"
 #define JSON_TYPE "application/json"
@@ -494,7 +494,7 @@ static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
 				   const char *method, const char *path)
 {
 	char who[64];
-	http_client_ip(conn, who, sizeof who);
+	listen_addr_peer(conn, who, sizeof who);
 	enum MHD_Result answer = MHD_NO;
 	if (!admin_gate(a, conn, who, method, path, &answer))
 		return answer;
@@ -652,7 +652,7 @@ admin *admin_start(const admin_opts *o, char *err, size_t errlen)
 {
 	struct sockaddr_storage ss;
 	bool v6;
-	if (http_parse_listen(o->listen, &ss, &v6, err, errlen))
+	if (listen_addr_parse(o->listen, &ss, &v6, err, errlen))
 		return NULL;
 	admin *a = xcalloc(1, sizeof *a);
 	a->get_config = o->get_config;

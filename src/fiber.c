@@ -525,6 +525,71 @@ static void run_source(fiber_sched *s, double src_deadline)
 	}
 }
 
+/* Runs every fiber that is ready, until none is. */
+static void run_ready(fiber_sched *s)
+{
+	while (s->run_head) {
+		fiber *f = s->run_head;
+		s->run_head = f->next;
+		if (!s->run_head)
+			s->run_tail = NULL;
+		to_fiber(s, f);
+		if (f->state == F_DONE) {
+			free_fiber(f);
+			atomic_fetch_sub(&s->live, 1);
+		}
+	}
+}
+
+/* Busy polling: looks at the epoll set without sleeping until deadline.
+ * True when events came (handled); otherwise *timeout and *src_deadline
+ * are worked out again for the sleep. */
+static bool busy_poll(fiber_sched *s, fiber_poll_hooks *hooks,
+		      double deadline, struct epoll_event *evs,
+		      double *src_deadline, int *timeout)
+{
+	int n = 0;
+	double t0 = ip_now_ms();
+	atomic_store_explicit(&s->due_ms, deadline, memory_order_relaxed);
+	while (!remote_pending(s) &&
+	       (n = epoll_wait(s->ep, evs, 64, 0)) == 0 &&
+	       ip_now_ms() < deadline)
+		hooks->relax();
+	hooks->done(t0, deadline);
+	if (n > 0) {
+		handle_events(s, evs, n);
+		run_source(s, *src_deadline);
+		return true;
+	}
+	*timeout = with_source(s, next_timeout(s), src_deadline);
+	return false;
+}
+
+/* Sleeps in epoll_wait up to timeout (0: only looks), then handles what
+ * came. True when the sleep ended at the heartbeat with nothing to do. */
+static bool sleep_poll(fiber_sched *s, int timeout, struct epoll_event *evs,
+		       double src_deadline)
+{
+	if (timeout != 0) {
+		atomic_store(&s->sleeping, true);
+		if (remote_pending(s))
+			timeout = 0;
+	}
+	/* The heartbeat: even with nothing to do the loop comes round every
+	 * FIBER_BEAT_MS, so that a thread stopped in its sleep shows as late
+	 * too. */
+	bool capped = timeout < 0 || timeout > FIBER_BEAT_MS;
+	if (capped)
+		timeout = FIBER_BEAT_MS;
+	atomic_store_explicit(&s->due_ms, ip_now_ms() + timeout,
+			      memory_order_relaxed);
+	int n = epoll_wait(s->ep, evs, 64, timeout);
+	atomic_store(&s->sleeping, false);
+	handle_events(s, evs, n);
+	run_source(s, src_deadline);
+	return capped && n == 0;
+}
+
 static void *sched_main(void *arg)
 {
 	fiber_sched *s = arg;
@@ -542,17 +607,7 @@ static void *sched_main(void *arg)
 		take_remote(s);
 		if (s->run_head)
 			beat_only = false;
-		while (s->run_head) {
-			fiber *f = s->run_head;
-			s->run_head = f->next;
-			if (!s->run_head)
-				s->run_tail = NULL;
-			to_fiber(s, f);
-			if (f->state == F_DONE) {
-				free_fiber(f);
-				atomic_fetch_sub(&s->live, 1);
-			}
-		}
+		run_ready(s);
 		if (atomic_load(&s->live) == 0 && atomic_load(&s->joining))
 			break;
 		double src_deadline;
@@ -562,42 +617,10 @@ static void *sched_main(void *arg)
 		/* Busy polling follows activity; a heartbeat's wake-up is
 		 * none, or an idle loop would poll every FIBER_BEAT_MS. */
 		if (timeout != 0 && !beat_only && hooks &&
-		    hooks->ok(&deadline)) {
-			/* busy polling: look without sleeping */
-			int n = 0;
-			double t0 = ip_now_ms();
-			atomic_store_explicit(&s->due_ms, deadline,
-					      memory_order_relaxed);
-			while (!remote_pending(s) &&
-			       (n = epoll_wait(s->ep, evs, 64, 0)) == 0 &&
-			       ip_now_ms() < deadline)
-				hooks->relax();
-			hooks->done(t0, deadline);
-			if (n > 0) {
-				handle_events(s, evs, n);
-				run_source(s, src_deadline);
-				continue;
-			}
-			timeout = with_source(s, next_timeout(s), &src_deadline);
-		}
-		if (timeout != 0) {
-			atomic_store(&s->sleeping, true);
-			if (remote_pending(s))
-				timeout = 0;
-		}
-		/* The heartbeat: even with nothing to do the loop comes round
-		 * every FIBER_BEAT_MS, so that a thread stopped in its sleep
-		 * shows as late too. */
-		bool capped = timeout < 0 || timeout > FIBER_BEAT_MS;
-		if (capped)
-			timeout = FIBER_BEAT_MS;
-		atomic_store_explicit(&s->due_ms, ip_now_ms() + timeout,
-				      memory_order_relaxed);
-		int n = epoll_wait(s->ep, evs, 64, timeout);
-		atomic_store(&s->sleeping, false);
-		beat_only = capped && n == 0;
-		handle_events(s, evs, n);
-		run_source(s, src_deadline);
+		    hooks->ok(&deadline) &&
+		    busy_poll(s, hooks, deadline, evs, &src_deadline, &timeout))
+			continue;
+		beat_only = sleep_poll(s, timeout, evs, src_deadline);
 	}
 	return NULL;
 }

@@ -16,10 +16,12 @@
 #include <unistd.h>
 
 #include "fiber.h"
+#include "http_head.h"
+#include "listen_addr.h"
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
-#include "proxy.h"
+#include "reply.h"
 
 /* What a connection is waiting for, for the request deadlines: its request
  * head (from the moment it is ready for a request: accepted, or the
@@ -211,33 +213,6 @@ static void render_timeout_answer(ip_buf *out)
 	ip_buf_free(&body);
 }
 
-int http_parse_listen(const char *listen, struct sockaddr_storage *ss,
-		      bool *v6, char *err, size_t errlen)
-{
-	char host[256], port[16];
-	int portnum;
-	if (config_split_listen(listen, host, sizeof host, &portnum, err,
-				errlen))
-		return -1;
-	snprintf(port, sizeof port, "%d", portnum);
-	size_t hl = strlen(host);
-	struct addrinfo hints = {0}, *res = NULL;
-	hints.ai_family = AF_UNSPEC;
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-	int rc = getaddrinfo(hl ? host : NULL, port, &hints, &res);
-	if (rc || !res) {
-		snprintf(err, errlen, "listen address %s: %s", listen,
-			 gai_strerror(rc));
-		return -1;
-	}
-	memset(ss, 0, sizeof *ss);
-	memcpy(ss, res->ai_addr, res->ai_addrlen);
-	*v6 = res->ai_family == AF_INET6;
-	freeaddrinfo(res);
-	return 0;
-}
-
 /* MHD hands the handler a decoded path without the query; the raw request
  * target comes through here, and what we return becomes the request's
  * context pointer. */
@@ -254,119 +229,19 @@ static void *on_uri(void *cls, const char *uri, struct MHD_Connection *conn)
 	return c;
 }
 
-/* RFC 3986 unreserved, sub-delims, ':' '@' (pchar) and '/' '?': the bytes
- * an origin-form target (RFC 9112 3.2.1) may hold besides %HH. Everything
- * else ('#', spaces, quotes, braces, non-ASCII...) is a byte that some
- * parser between us and the upstream would treat differently: curl drops a
- * fragment, for one, so the request routed and claimed would not be the
- * one executed. */
-static bool is_target_char(unsigned char ch)
-{
-	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-	       (ch >= '0' && ch <= '9') ||
-	       (ch && strchr("-._~!$&'()*+,;=:@/?", ch));
-}
-
-static bool is_hex(unsigned char ch)
-{
-	return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') ||
-	       (ch >= 'A' && ch <= 'F');
-}
-
-static bool origin_form(const char *t)
-{
-	if (t[0] != '/')
-		return false; /* absolute-form, authority-form, asterisk-form */
-	for (const unsigned char *p = (const unsigned char *)t; *p; p++) {
-		if (*p == '%') {
-			if (!is_hex(p[1]) || !is_hex(p[2]))
-				return false;
-			p += 2;
-		} else if (!is_target_char(*p)) {
-			return false;
-		}
-	}
-	return true;
-}
-
-/* Methods are case-sensitive (RFC 9110 9.1) but many frameworks upper-case
- * them: "post" would be forwarded unprotected and run as a POST. A method
- * must be a token without lower-case letters. */
-static bool method_ok(const char *m)
-{
-	if (!*m)
-		return false;
-	for (const unsigned char *p = (const unsigned char *)m; *p; p++)
-		if ((*p >= 'a' && *p <= 'z') || *p <= 0x20 || *p >= 0x7f ||
-		    strchr("\"(),/:;<=>?@[\\]{}", *p))
-			return false;
-	return true;
-}
-
-/* RFC 9110 5.6.2 tchar. */
-static bool is_tchar(unsigned char ch)
-{
-	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-	       (ch >= '0' && ch <= '9') || (ch && strchr("!#$%&'*+-.^_`|~", ch));
-}
-
-/* A name must be a token (no space, quote, colon: libmicrohttpd glues an
- * obs-fold continuation into the name, and an upstream would split such a
- * name differently from us). A value may hold visible ASCII, SP, HTAB and
- * obs-text, but no control byte. */
-static bool header_bytes_ok(const char *p, size_t n, bool is_value)
-{
-	if (!is_value && n == 0)
-		return false;
-	for (size_t i = 0; i < n; i++) {
-		unsigned char ch = (unsigned char)p[i];
-		if (!is_value) {
-			if (!is_tchar(ch))
-				return false;
-			continue;
-		}
-		if (ch == '\t')
-			continue;
-		if (ch < 0x20 || ch == 0x7f)
-			return false;
-	}
-	return true;
-}
-
-/* libmicrohttpd 0.9.75 parses a header line in place in its read buffer:
- * the name, the colon (overwritten with NUL), optional SP/HTAB, the value.
- * An obs-fold continuation line is glued onto the *name* (X-Tenant-I: V
- * followed by " d" arrives as X-Tenant-Id: V), and that name is moved to a
- * new block of the connection's memory pool, past the read buffer. So a
- * header whose value does not follow its own name on the same line was
- * folded: refuse it, as RFC 9112 5.2 allows. */
-static bool on_its_own_line(const char *key, size_t key_size,
-			    const char *value, size_t max_gap)
-{
-	uintptr_t k = (uintptr_t)key, v = (uintptr_t)value;
-	if (v < k + key_size + 1 || v - (k + key_size + 1) > max_gap)
-		return false;
-	if (key[key_size] != '\0')
-		return false;
-	for (const char *p = key + key_size + 1; p < value; p++)
-		if (*p != ' ' && *p != '\t')
-			return false;
-	return true;
-}
-
 static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 				      const char *key, size_t key_size,
 				      const char *value, size_t value_size)
 {
 	req_ctx *c = cls;
-	if (!value || !on_its_own_line(key, key_size, value,
-				       (size_t)c->j->cfg->max_header_size))
+	if (!value || !http_head_on_own_line(key, key_size, value,
+					     (size_t)c->j->cfg->max_header_size))
 		c->folded = true;
 	/* A control byte (bare CR, LF, NUL...) in a header would reach the
 	 * upstream, whose parser may split the line differently from ours:
 	 * refuse the request instead. */
-	if (!header_bytes_ok(key, key_size, false) ||
-	    (value && !header_bytes_ok(value, value_size, true))) {
+	if (!http_head_name_ok(key, key_size) ||
+	    (value && !http_head_value_ok(value, value_size))) {
 		if (ip_strcaseeq(key, "Idempotency-Key"))
 			c->bad_key = true;
 		else
@@ -377,34 +252,6 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 	header_list_add(&c->j->req_headers, key, key_size, value ? value : "",
 			value ? value_size : 0);
 	return MHD_YES;
-}
-
-static bool valid_request_id(const char *v)
-{
-	size_t n = v ? strlen(v) : 0;
-	if (n == 0 || n >= sizeof ((job *)0)->request_id)
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
-			return false;
-	return true;
-}
-
-void http_client_ip(struct MHD_Connection *conn, char *out, size_t n)
-{
-	const union MHD_ConnectionInfo *ci =
-		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-	snprintf(out, n, "unknown");
-	if (!ci || !ci->client_addr)
-		return;
-	const struct sockaddr *sa = ci->client_addr;
-	if (sa->sa_family == AF_INET)
-		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr,
-			  out, (socklen_t)n);
-	else if (sa->sa_family == AF_INET6)
-		inet_ntop(AF_INET6,
-			  &((const struct sockaddr_in6 *)sa)->sin6_addr, out,
-			  (socklen_t)n);
 }
 
 static job *start_job(req_ctx *c, const char *method, const char *version)
@@ -422,14 +269,14 @@ static job *start_job(req_ctx *c, const char *method, const char *version)
 	c->j = j;
 	MHD_get_connection_values_n(c->conn, MHD_HEADER_KIND, collect_header,
 				    c);
-	http_client_ip(c->conn, j->client_ip, sizeof j->client_ip);
+	listen_addr_peer(c->conn, j->client_ip, sizeof j->client_ip);
 	/* A waiting request watches its socket for a hang-up (waiters.h). */
 	const union MHD_ConnectionInfo *fd =
 		MHD_get_connection_info(c->conn,
 					MHD_CONNECTION_INFO_CONNECTION_FD);
 	j->client_fd = fd ? fd->connect_fd : -1;
 	const char *rid = header_list_get(&j->req_headers, "X-Request-Id");
-	if (valid_request_id(rid))
+	if (rid && http_head_request_id_ok(rid, sizeof j->request_id))
 		snprintf(j->request_id, sizeof j->request_id, "%s", rid);
 	else
 		snprintf(j->request_id, sizeof j->request_id, "%s%08lx",
@@ -484,10 +331,10 @@ static enum MHD_Result answer(req_ctx *c, int status, const char *code,
 	if (!slot_enter(c->f, c->slot, PH_NONE, 0))
 		return MHD_NO;
 	j->outcome = outcome;
-	proxy_problem(j, status, code, detail, retry_after_s);
+	reply_problem(j, status, code, detail, retry_after_s);
 	if (close)
 		header_list_add(&j->resp_headers, "Connection", 10, "close", 5);
-	proxy_account(j);
+	reply_account(j);
 	atomic_store(&c->stage, ST_ANSWERED);
 	return send_job_response(c->conn, j);
 }
@@ -510,164 +357,178 @@ static enum MHD_Result answer_close(req_ctx *c, int status, const char *code,
 	"the proxy is shutting down; retry on a new connection"
 
 /* What the request line and header block must satisfy before anything
- * else looks at the request; NULL when they do. */
+ * else looks at the request (http_head.h); NULL when they do. */
 static const char *head_problem(req_ctx *c, const char *method)
 {
 	header_list *h = &c->j->req_headers;
-	if (!method_ok(method))
-		return "the method must be a token in upper case (methods are "
-		       "case-sensitive)";
-	if (!origin_form(c->j->target))
-		return "the request target must be origin-form: a path from "
-		       "'/' with an optional query, only characters RFC 3986 "
-		       "allows there (a '%' followed by two hex digits), no "
-		       "fragment";
-	if (c->folded)
-		return "a header line is folded (obs-fold) or malformed";
-	size_t hosts = header_list_count(h, "Host");
-	bool http11 = strcmp(c->j->version, "HTTP/1.0") != 0;
-	if (hosts > 1 || (http11 && hosts == 0))
-		return "an HTTP/1.1 request needs exactly one Host header";
-	size_t te = header_list_count(h, "Transfer-Encoding");
-	if (te && (te > 1 || !http11 ||
-		   !ip_strcaseeq(header_list_get(h, "Transfer-Encoding"),
-				 "chunked")))
-		return "the only transfer coding accepted is a single "
-		       "\"chunked\"";
-	return NULL;
+	http_head head = {
+		.method = method,
+		.target = c->j->target,
+		.version = c->j->version,
+		.folded = c->folded,
+		.hosts = header_list_count(h, "Host"),
+		.te = header_list_count(h, "Transfer-Encoding"),
+		.te_value = header_list_get(h, "Transfer-Encoding"),
+	};
+	return http_head_problem(&head);
 }
 
+/* The head's size and its framing, once it passed the checks on its
+ * bytes. */
+static enum MHD_Result on_head_sizes(req_ctx *c, const char *method)
+{
+	size_t head = strlen(c->j->target) + strlen(method) + 16 +
+		      c->header_bytes;
+	if (head > (size_t)c->j->cfg->max_header_size ||
+	    c->header_count > FRONT_MAX_HEADERS)
+		return answer_now(c, 431, "request_too_large", "rejected",
+				  "the request line and headers are "
+				  "larger than max_header_size, or "
+				  "there are too many header lines",
+				  0);
+	header_list *h = &c->j->req_headers;
+	if (!http_head_framing_ok(header_list_count(h, "Content-Length"),
+				  header_list_count(h, "Transfer-Encoding")))
+		return answer_now(c, 400, "bad_request", "rejected",
+				  "conflicting message framing "
+				  "(Content-Length)",
+				  0);
+	const char *cl = header_list_get(h, "Content-Length");
+	if (cl && strtoull(cl, NULL, 10) >
+			  (unsigned long long)c->j->cfg->max_request_body) {
+		c->too_large = true;
+		return answer_now(c, 413, "request_too_large", "rejected",
+				  "the request body is larger than "
+				  "max_request_body",
+				  0);
+	}
+	return MHD_YES;
+}
+
+/* The head has arrived: start the job, then refuse what must not reach a
+ * worker, before any of the body is read. */
+static enum MHD_Result on_head(req_ctx *c, const char *method,
+			       const char *version)
+{
+	http_front *f = c->f;
+	c->j = start_job(c, method, version);
+	atomic_store(&c->stage, ST_BODY);
+	c->counted = true;
+	atomic_fetch_add(&f->open_requests, 1);
+	if (!slot_enter(f, c->slot, PH_BODY,
+			c->j->cfg->request_body_timeout_ms))
+		return MHD_NO;
+	const char *why = head_problem(c, method);
+	if (why)
+		return answer_close(c, 400, "bad_request", "rejected", why, 0);
+	if (atomic_load(&f->draining))
+		return answer_close(c, 503, "shutting_down", "rejected",
+				    SHUTTING_DOWN_DETAIL, 1);
+	if (c->bad_key && !c->bad_header)
+		return answer_now(c, 400, "idempotency_key_invalid",
+				  "key_invalid",
+				  "the key contains a control character", 0);
+	if (c->bad_header)
+		return answer_now(c, 400, "bad_request", "rejected",
+				  "a request header contains a control "
+				  "character",
+				  0);
+	return on_head_sizes(c, method);
+}
+
+/* A piece of the body. Chunked uploads come without Content-Length: the
+ * limit is enforced while accumulating. */
+static enum MHD_Result on_upload(req_ctx *c, const char *upload,
+				 size_t *upload_size)
+{
+	size_t max = (size_t)c->j->cfg->max_request_body;
+	if (!c->too_large && c->j->body.len + *upload_size > max) {
+		c->too_large = true;
+		ip_buf_free(&c->j->body);
+	}
+	if (!c->too_large)
+		ip_buf_append(&c->j->body, upload, *upload_size);
+	*upload_size = 0;
+	return MHD_YES;
+}
+
+/* The worker queue was full: answered here, and the connection resumed
+ * at once. */
+static void refuse_overloaded(req_ctx *c)
+{
+	http_front *f = c->f;
+	job *j = c->j;
+	atomic_fetch_sub(&f->in_flight, 1);
+	j->outcome = "rejected";
+	metrics_event("overloaded");
+	reply_problem(j, 503, "overloaded",
+		      "too many requests are waiting; retry shortly", 1);
+	reply_account(j);
+	atomic_store(&c->stage, ST_DONE);
+	MHD_resume_connection(c->conn);
+	fiber_sched_poke_source(f->o.sched);
+}
+
+/* The whole body has arrived: the fast path answers on this thread, or
+ * the connection is suspended and the job goes to a worker. */
+static enum MHD_Result on_body_done(req_ctx *c)
+{
+	http_front *f = c->f;
+	if (c->too_large)
+		return answer_now(c, 413, "request_too_large", "rejected",
+				  "the request body is larger than "
+				  "max_request_body",
+				  0);
+	job *j = c->j;
+	/* Counted before the drain flag is read (both seq_cst): either
+	 * this request sees the drain and is not started, or the drain
+	 * sees it in flight and waits for it. */
+	atomic_fetch_add(&f->in_flight, 1);
+	if (atomic_load(&f->draining)) {
+		atomic_fetch_sub(&f->in_flight, 1);
+		return answer_close(c, 503, "shutting_down", "rejected",
+				    SHUTTING_DOWN_DETAIL, 1);
+	}
+	if (!slot_enter(f, c->slot, PH_NONE, 0)) {
+		atomic_fetch_sub(&f->in_flight, 1);
+		return MHD_NO;
+	}
+	if (f->o.fast && f->o.fast(f->o.fast_arg, j)) {
+		atomic_fetch_sub(&f->in_flight, 1);
+		atomic_store(&c->stage, ST_ANSWERED);
+		return send_job_response(c->conn, j);
+	}
+	j->done = on_job_done;
+	j->front_ctx = c;
+	atomic_store(&c->stage, ST_WAITING);
+	/* Suspend before the job can finish, so the resume always follows
+	 * the suspend. */
+	MHD_suspend_connection(c->conn);
+	if (!f->o.submit(f->o.arg, j))
+		refuse_overloaded(c);
+	return MHD_YES;
+}
+
+/* libmicrohttpd calls this once the head is read, once per piece of the
+ * body, once after the body, and again after the connection is resumed
+ * (the worker is done). */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 				  const char *url, const char *method,
 				  const char *version, const char *upload,
 				  size_t *upload_size, void **ctxp)
 {
-	http_front *f = cls;
 	req_ctx *c = *ctxp;
 	if (!c) /* no URI callback ran: should not happen */
 		return MHD_NO;
 	int st = atomic_load(&c->stage);
-
-	if (st == ST_HEADERS) {
-		c->j = start_job(c, method, version);
-		atomic_store(&c->stage, ST_BODY);
-		c->counted = true;
-		atomic_fetch_add(&f->open_requests, 1);
-		if (!slot_enter(f, c->slot, PH_BODY,
-				c->j->cfg->request_body_timeout_ms))
-			return MHD_NO;
-		const char *why = head_problem(c, method);
-		if (why)
-			return answer_close(c, 400, "bad_request", "rejected",
-					    why, 0);
-		if (atomic_load(&f->draining))
-			return answer_close(c, 503, "shutting_down", "rejected",
-					    SHUTTING_DOWN_DETAIL, 1);
-		if (c->bad_key && !c->bad_header)
-			return answer_now(c, 400, "idempotency_key_invalid",
-					  "key_invalid",
-					  "the key contains a control character",
-					  0);
-		if (c->bad_header)
-			return answer_now(c, 400, "bad_request", "rejected",
-					  "a request header contains a control "
-					  "character",
-					  0);
-		size_t head = strlen(c->j->target) + strlen(method) + 16 +
-			      c->header_bytes;
-		if (head > (size_t)c->j->cfg->max_header_size ||
-		    c->header_count > FRONT_MAX_HEADERS)
-			return answer_now(c, 431, "request_too_large",
-					  "rejected",
-					  "the request line and headers are "
-					  "larger than max_header_size, or "
-					  "there are too many header lines",
-					  0);
-		/* Two lengths, or a length beside chunked framing, is how
-		 * requests are smuggled past one parser to another. */
-		header_list *h = &c->j->req_headers;
-		if (header_list_count(h, "Content-Length") > 1 ||
-		    (header_list_count(h, "Content-Length") &&
-		     header_list_count(h, "Transfer-Encoding")))
-			return answer_now(c, 400, "bad_request", "rejected",
-					  "conflicting message framing "
-					  "(Content-Length)",
-					  0);
-		const char *cl = header_list_get(h, "Content-Length");
-		if (cl && strtoull(cl, NULL, 10) >
-				  (unsigned long long)c->j->cfg->max_request_body) {
-			c->too_large = true;
-			return answer_now(c, 413, "request_too_large",
-					  "rejected",
-					  "the request body is larger than "
-					  "max_request_body",
-					  0);
-		}
-		return MHD_YES;
-	}
+	if (st == ST_HEADERS)
+		return on_head(c, method, version);
 	if (c->slot && atomic_load(&c->slot->expired))
 		return MHD_NO; /* answered 408 by the watchdog */
-	if (st == ST_BODY && *upload_size) {
-		/* Chunked uploads come without Content-Length: enforce the
-		 * limit while accumulating. */
-		if (!c->too_large &&
-		    c->j->body.len + *upload_size >
-			    (size_t)c->j->cfg->max_request_body) {
-			c->too_large = true;
-			ip_buf_free(&c->j->body);
-		}
-		if (!c->too_large)
-			ip_buf_append(&c->j->body, upload, *upload_size);
-		*upload_size = 0;
-		return MHD_YES;
-	}
-	if (st == ST_BODY) {
-		if (c->too_large)
-			return answer_now(c, 413, "request_too_large",
-					  "rejected",
-					  "the request body is larger than "
-					  "max_request_body",
-					  0);
-		job *j = c->j;
-		/* Counted before the drain flag is read (both seq_cst): either
-		 * this request sees the drain and is not started, or the drain
-		 * sees it in flight and waits for it. */
-		atomic_fetch_add(&f->in_flight, 1);
-		if (atomic_load(&f->draining)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			return answer_close(c, 503, "shutting_down", "rejected",
-					    SHUTTING_DOWN_DETAIL, 1);
-		}
-		if (!slot_enter(f, c->slot, PH_NONE, 0)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			return MHD_NO;
-		}
-		if (f->o.fast && f->o.fast(f->o.fast_arg, j)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			atomic_store(&c->stage, ST_ANSWERED);
-			return send_job_response(conn, j);
-		}
-		j->done = on_job_done;
-		j->front_ctx = c;
-		atomic_store(&c->stage, ST_WAITING);
-		/* Suspend before the job can finish, so the resume always
-		 * follows the suspend. */
-		MHD_suspend_connection(conn);
-		if (!f->o.submit(f->o.arg, j)) {
-			atomic_fetch_sub(&f->in_flight, 1);
-			j->outcome = "rejected";
-			metrics_event("overloaded");
-			proxy_problem(j, 503, "overloaded",
-				      "too many requests are waiting; retry "
-				      "shortly",
-				      1);
-			proxy_account(j);
-			atomic_store(&c->stage, ST_DONE);
-			MHD_resume_connection(conn);
-			fiber_sched_poke_source(f->o.sched);
-		}
-		return MHD_YES;
-	}
+	if (st == ST_BODY && *upload_size)
+		return on_upload(c, upload, upload_size);
+	if (st == ST_BODY)
+		return on_body_done(c);
 	if (st == ST_DONE) {
 		atomic_store(&c->stage, ST_ANSWERED);
 		return send_job_response(conn, c->j);
@@ -738,12 +599,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 	log_warn("libmicrohttpd", "%s", msg);
 }
 
-http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
+/* The front end's state, before its daemon. */
+static http_front *front_new(const front_opts *o)
 {
-	struct sockaddr_storage ss;
-	bool v6;
-	if (http_parse_listen(o->listen, &ss, &v6, err, errlen))
-		return NULL;
 	http_front *f = xcalloc(1, sizeof *f);
 	f->o = *o;
 	uint8_t rnd[8];
@@ -757,15 +615,22 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 	pthread_cond_init(&f->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	render_timeout_answer(&f->timeout_answer);
-	/* The daemon has no thread of its own: the scheduler runs it
-	 * (run_daemon) when its epoll set is ready. */
+	return f;
+}
+
+/* The daemon has no thread of its own: the scheduler runs it
+ * (run_daemon) when its epoll set is ready. */
+static struct MHD_Daemon *start_daemon(http_front *f,
+				       struct sockaddr_storage *ss, bool v6)
+{
+	const front_opts *o = &f->o;
 	unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
 			 MHD_USE_ITC | MHD_USE_ERROR_LOG;
 	if (v6)
 		flags |= MHD_USE_IPv6;
-	f->d = MHD_start_daemon(
+	return MHD_start_daemon(
 		flags, 0, NULL, NULL, on_request, f, MHD_OPTION_SOCK_ADDR,
-		(struct sockaddr *)&ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
+		(struct sockaddr *)ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, f,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, f,
 		MHD_OPTION_NOTIFY_CONNECTION, on_connection, f,
 		MHD_OPTION_EXTERNAL_LOGGER, mhd_log, f,
@@ -786,6 +651,16 @@ http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
 		 * spaces in the target itself. */
 		MHD_OPTION_STRICT_FOR_CLIENT, (int)0,
 		MHD_OPTION_END);
+}
+
+http_front *http_front_start(const front_opts *o, char *err, size_t errlen)
+{
+	struct sockaddr_storage ss;
+	bool v6;
+	if (listen_addr_parse(o->listen, &ss, &v6, err, errlen))
+		return NULL;
+	http_front *f = front_new(o);
+	f->d = start_daemon(f, &ss, v6);
 	if (!f->d) {
 		snprintf(err, errlen, "cannot listen on %s (in use?)",
 			 o->listen);

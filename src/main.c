@@ -25,6 +25,7 @@
 #include "replay_cache.h"
 #include "store_batch.h"
 #include "store_pg.h"
+#include "store_pg_schema.h"
 #include "tenant_upgrade.h"
 #include "upstream.h"
 #include "waiters.h"

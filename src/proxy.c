@@ -13,6 +13,7 @@
 #include "problem.h"
 #include "record_retry.h"
 #include "replay_cache.h"
+#include "reply.h"
 #include "seal.h"
 #include "seal_tally.h"
 #include "store_batch.h"
@@ -78,50 +79,6 @@ void proxy_worker_fini(void *ctx)
 	ip_buf_free(&w->plain_b);
 	ip_buf_free(&w->raw);
 	free(w);
-}
-
-void proxy_problem(job *j, int status, const char *code, const char *detail,
-		   int64_t retry_after_s)
-{
-	j->status = status;
-	header_list_free(&j->resp_headers);
-	ip_buf_reset(&j->resp_body);
-	problem_render(&j->resp_body, status, code, detail, j->request_id);
-	header_list_add(&j->resp_headers, "Content-Type", 12,
-			PROBLEM_CONTENT_TYPE, strlen(PROBLEM_CONTENT_TYPE));
-	if (retry_after_s > 0) {
-		char v[24];
-		int n = snprintf(v, sizeof v, "%lld", (long long)retry_after_s);
-		header_list_add(&j->resp_headers, "Retry-After", 11, v,
-				(size_t)n);
-	}
-}
-
-void proxy_account(job *j)
-{
-	double total = ip_now_ms() - j->t_start_ms;
-	metrics_request(j->route_name, j->outcome ? j->outcome : "rejected");
-	metrics_observe_request_ms(total);
-	char path[512];
-	size_t n = j->path_len < sizeof path - 1 ? j->path_len
-						 : sizeof path - 1;
-	memcpy(path, j->target ? j->target : "", j->target ? n : 0);
-	path[j->target ? n : 0] = '\0';
-	log_request r = {
-		.request_id = j->request_id,
-		.route = j->route_name,
-		.method = j->method,
-		.path = path,
-		.tenant = j->tenant,
-		.key = j->key,
-		.outcome = j->outcome,
-		.status = j->status,
-		.attempt = j->attempt,
-		.upstream_ms = j->upstream_ms,
-		.store_ms = j->store_ms,
-		.total_ms = total,
-	};
-	log_request_line(&r);
 }
 
 /* Is name listed in the request's Connection header(s)? */
@@ -278,7 +235,7 @@ static void response_too_large(job *j, const upstream_resp *resp)
 		 "the upstream answered %d with a body too large to pass on "
 		 "(%s)",
 		 resp->status, resp->error);
-	proxy_problem(j, 502, "upstream_response_too_large", d, 0);
+	reply_problem(j, 502, "upstream_response_too_large", d, 0);
 }
 
 static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
@@ -290,9 +247,9 @@ static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 	else if (resp.outcome == UP_RESPONSE)
 		pass_response(j, &resp);
 	else if (resp.outcome == UP_NOT_SENT)
-		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
+		reply_problem(j, 502, "upstream_unavailable", resp.error, 0);
 	else
-		proxy_problem(j, 504, "upstream_outcome_unknown", resp.error,
+		reply_problem(j, 504, "upstream_outcome_unknown", resp.error,
 			      idem_retry_after_s(r->retry_after_ms));
 	upstream_resp_free(&resp);
 }
@@ -504,7 +461,7 @@ static void respond_unreadable(job *j, const idem_plan *p, const char *why)
 	log_error("stored record cannot be read; not replayed",
 		  "request_id=%s route=%s key=%s %s", j->request_id,
 		  p->route->name, p->key, why);
-	proxy_problem(j, 500, "idempotency_record_unreadable",
+	reply_problem(j, 500, "idempotency_record_unreadable",
 		      "the response stored for this key cannot be read; it is "
 		      "not replayed and the request was not forwarded again",
 		      0);
@@ -515,7 +472,7 @@ static void replay(proxy_worker *w, job *j, const idem_plan *p,
 {
 	if (!c->replayable) {
 		j->outcome = "not_replayable";
-		proxy_problem(j, 409, "idempotency_response_not_replayable",
+		reply_problem(j, 409, "idempotency_response_not_replayable",
 			      "the first response to this key was too large "
 			      "to store; it cannot be replayed",
 			      0);
@@ -611,6 +568,83 @@ static void defer_record(proxy_worker *w, const job *j, const record_key *k,
 	record_retry_add(w->retry, &it);
 }
 
+/* What a record's write stored, for what follows it. */
+typedef struct record_done {
+	stored_form sf;
+	bool replayable;
+	bool keep_body; /* the body is stored (and cached) */
+	bool fenced;
+} record_done;
+
+/* The write itself: a release, or the answer completed (through the
+ * batch when there is one). 0, or -1 with err. */
+static int record_write(proxy_worker *w, job *j, const idem_plan *p,
+			const record_key *k, enum idem_record what,
+			const upstream_resp *resp, double lease_end_ms,
+			record_done *o, char *err, size_t errlen)
+{
+	const route_cfg *r = p->route;
+	ip_buf *h = &w->scratch;
+	ip_buf_reset(h);
+	/* status_only keeps no body, so any size replays. */
+	o->keep_body = !r->status_only;
+	if (what == REC_RELEASE)
+		return store_release(w->st, k, &o->fenced, err, errlen);
+	o->replayable = r->status_only ||
+			(!resp->too_large && (int64_t)resp->body.len <=
+						     j->cfg->max_stored_response);
+	o->keep_body = o->keep_body && o->replayable;
+	idem_encode_replay_headers(r, &resp->headers, h);
+	make_stored(w, j, p, resp->status, h,
+		    o->keep_body ? (resp->body.data ? resp->body.data : "")
+				 : NULL,
+		    o->keep_body ? resp->body.len : 0, &o->sf);
+	complete_req q = {k,		   resp->status,   o->sf.headers,
+			  o->sf.headers_len, o->sf.body,     o->sf.body_len,
+			  o->replayable,     o->sf.seal_key};
+	store_batch_use u = batch_use(w, j);
+	u.lease_end_ms = lease_end_ms;
+	return store_batch_complete(&u, &q, &o->fenced, err, errlen);
+}
+
+/* After the write: a failure goes to the retrier while the lease lasts
+ * (else it is logged), a fenced one is logged, a replayable answer is
+ * cached, and this instance's waiters are woken. */
+static void record_settled(proxy_worker *w, job *j, const idem_plan *p,
+			   const record_key *k, enum idem_record what,
+			   const upstream_resp *resp, double lease_end_ms,
+			   const record_done *o, int rc, const char *err)
+{
+	const route_cfg *r = p->route;
+	if (rc && w->retry && ip_now_ms() < lease_end_ms) {
+		defer_record(w, j, k, what, resp->status, &o->sf,
+			     o->replayable, lease_end_ms, err);
+	} else if (rc) {
+		metrics_event("record_failed");
+		log_error("could not record the outcome; the record stays "
+			  "processing until its lease ends",
+			  "request_id=%s route=%s key=%s %s", j->request_id,
+			  r->name, j->key, err);
+	} else if (o->fenced) {
+		metrics_event("record_fenced");
+		log_warn("attempt lost its lease to another attempt; outcome "
+			 "not recorded",
+			 "request_id=%s route=%s key=%s", j->request_id,
+			 r->name, j->key);
+	} else if (what == REC_COMPLETE && o->replayable) {
+		cache_put(w, j, p, resp->status, w->scratch.data,
+			  w->scratch.len, o->keep_body ? resp->body.data : "",
+			  o->keep_body ? resp->body.len : 0);
+	}
+	/* Waiters on this instance are woken here, without the round trip
+	 * through the database's NOTIFY. */
+	if (rc == 0 && !o->fenced && w->waiters && waiters_any(w->waiters)) {
+		uint8_t scope[WAKE_SCOPE_LEN];
+		wake_scope(w->wake, p->tenant, r->name, p->key, scope);
+		waiters_wake(w->waiters, scope);
+	}
+}
+
 /* Records the outcome of the attempt this worker owns. A failure to record
  * is retried (at once on a fresh connection by the store, then in the
  * background until the lease ends), never hidden: until it is written the
@@ -620,70 +654,18 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 		   enum idem_record what, const upstream_resp *resp,
 		   double lease_end_ms)
 {
-	const route_cfg *r = p->route;
-	bool replayable = false;
 	if (what == REC_LEAVE)
 		return;
 	char err[256];
-	bool fenced = false;
+	record_done o = {0};
 	double t0 = ip_now_ms();
-	int rc;
-	ip_buf *h = &w->scratch;
-	ip_buf_reset(h);
-	stored_form sf = {0};
-	/* status_only keeps no body, so any size replays. */
-	bool keep_body = !r->status_only;
-	if (what == REC_RELEASE) {
-		rc = store_release(w->st, k, &fenced, err, sizeof err);
-	} else {
-		replayable = r->status_only ||
-			     (!resp->too_large &&
-			      (int64_t)resp->body.len <=
-				      j->cfg->max_stored_response);
-		keep_body = keep_body && replayable;
-		idem_encode_replay_headers(r, &resp->headers, h);
-		make_stored(w, j, p, resp->status, h,
-			    keep_body ? (resp->body.data ? resp->body.data : "")
-				      : NULL,
-			    keep_body ? resp->body.len : 0, &sf);
-		complete_req q = {k,	       resp->status, sf.headers,
-				  sf.headers_len, sf.body,	     sf.body_len,
-				  replayable,	  sf.seal_key};
-		store_batch_use u = batch_use(w, j);
-		u.lease_end_ms = lease_end_ms;
-		rc = store_batch_complete(&u, &q, &fenced, err, sizeof err);
-	}
+	int rc = record_write(w, j, p, k, what, resp, lease_end_ms, &o, err,
+			      sizeof err);
 	double ms = ip_now_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	metrics_set_store_up(rc == 0 || !store_outage(w->st));
-	if (rc && w->retry && ip_now_ms() < lease_end_ms) {
-		defer_record(w, j, k, what, resp->status, &sf, replayable,
-			     lease_end_ms, err);
-	} else if (rc) {
-		metrics_event("record_failed");
-		log_error("could not record the outcome; the record stays "
-			  "processing until its lease ends",
-			  "request_id=%s route=%s key=%s %s", j->request_id,
-			  r->name, j->key, err);
-	} else if (fenced) {
-		metrics_event("record_fenced");
-		log_warn("attempt lost its lease to another attempt; outcome "
-			 "not recorded",
-			 "request_id=%s route=%s key=%s", j->request_id,
-			 r->name, j->key);
-	} else if (what == REC_COMPLETE && replayable) {
-		cache_put(w, j, p, resp->status, w->scratch.data,
-			  w->scratch.len, keep_body ? resp->body.data : "",
-			  keep_body ? resp->body.len : 0);
-	}
-	/* Waiters on this instance are woken here, without the round trip
-	 * through the database's NOTIFY. */
-	if (rc == 0 && !fenced && w->waiters && waiters_any(w->waiters)) {
-		uint8_t scope[WAKE_SCOPE_LEN];
-		wake_scope(w->wake, p->tenant, r->name, p->key, scope);
-		waiters_wake(w->waiters, scope);
-	}
+	record_settled(w, j, p, k, what, resp, lease_end_ms, &o, rc, err);
 }
 
 /* Too little of the attempt's lease is left for the whole upstream call:
@@ -705,7 +687,7 @@ static void lease_too_short(proxy_worker *w, job *j, const idem_plan *p,
 		 (long long)(r->upstream_timeout_ms +
 			     route_lease_margin_ms(r)));
 	j->outcome = "lease_expired";
-	proxy_problem(j, 503, "idempotency_lease_expired",
+	reply_problem(j, 503, "idempotency_lease_expired",
 		      "the key was claimed too late to finish the upstream "
 		      "call within its lease; nothing was sent and the key "
 		      "was released: retry with the same key",
@@ -742,12 +724,12 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		pass_response(j, &resp);
 	} else if (resp.outcome == UP_NOT_SENT) {
 		j->outcome = "upstream_unavailable";
-		proxy_problem(j, 502, "upstream_unavailable", resp.error, 0);
+		reply_problem(j, 502, "upstream_unavailable", resp.error, 0);
 	} else {
 		j->outcome = "outcome_unknown";
 		log_warn("upstream outcome unknown", "request_id=%s key=%s %s",
 			 j->request_id, p->key, resp.error);
-		proxy_problem(j, 504, "upstream_outcome_unknown",
+		reply_problem(j, 504, "upstream_outcome_unknown",
 			      "the request was sent upstream but no complete "
 			      "answer came back; retry with the same key",
 			      idem_retry_after_s(r->lease_ms));
@@ -777,7 +759,7 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 		return;
 	}
 	j->outcome = "store_unavailable";
-	proxy_problem(j, 503, "idempotency_store_unavailable",
+	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
 		      idem_retry_after_s(r->retry_after_ms));
@@ -793,7 +775,7 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 	log_warn("store error while waiting", "request_id=%s %s",
 		 j->request_id, err);
 	j->outcome = "store_unavailable";
-	proxy_problem(j, 503, "idempotency_store_unavailable",
+	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
 		      idem_retry_after_s(r->retry_after_ms));
@@ -882,7 +864,7 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 {
 	const route_cfg *r = j->plan->route;
 	j->outcome = why == WAITERS_CLIENT_GONE ? "client_gone" : "in_flight";
-	proxy_problem(j, 409, "idempotency_key_in_use",
+	reply_problem(j, 409, "idempotency_key_in_use",
 		      why == WAITERS_SHUTDOWN
 			      ? "an earlier request with this key is still "
 				"being processed and this instance is "
@@ -892,13 +874,14 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 				"retry after the delay",
 		      idem_retry_after_s(r->retry_after_ms));
 	add_preference_applied(j);
-	proxy_account(j);
+	reply_account(j);
 	j->done(j);
 }
 
-/* True when the job was parked to wait (the worker leaves it alone). */
-static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
-			   const idem_plan *p)
+/* The claim's statement for the job's key, timed. 0, or -1 with err. */
+static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
+		     const idem_plan *p, claim_result *c, char *err,
+		     size_t errlen)
 {
 	if (!j->has_fp)
 		compute_fingerprint(j, r, j->fp);
@@ -915,8 +898,6 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		.hold_on_unknown = r->on_unknown_hold,
 		.owner = owner,
 	};
-	claim_result c;
-	char err[256];
 	if (w->cache) {
 		/* Before the store: an operator's forget from now on
 		 * invalidates whatever this claim returns. */
@@ -925,10 +906,78 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	}
 	double t0 = ip_now_ms();
 	store_batch_use u = batch_use(w, j);
-	int rc = store_batch_claim(&u, &req, &c, err, sizeof err);
+	int rc = store_batch_claim(&u, &req, c, err, errlen);
 	double ms = ip_now_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
+	return rc;
+}
+
+/* CLAIM_FORWARD, CLAIM_TAKEOVER: this attempt owns the key. */
+static void claimed_forward(proxy_worker *w, job *j, const route_cfg *r,
+			    const idem_plan *p, const claim_result *c)
+{
+	if (c->decision == CLAIM_TAKEOVER)
+		metrics_takeover(r->name);
+	leave_wait(w, j, "took_over");
+	/* The lease counted from before the statement that granted it was
+	 * sent (a repeat after a lost answer counts from the repeat): never
+	 * later than the database's. */
+	forward_owned(w, j, r, p, c, c->asked_ms + (double)c->lease_left_ms);
+}
+
+/* CLAIM_IN_FLIGHT: wait for the original, or answer 409. True when the
+ * job was parked to wait. */
+static bool claimed_in_flight(proxy_worker *w, job *j, const route_cfg *r,
+			      const idem_plan *p)
+{
+	plan_wait(j, r);
+	switch (wait_in_flight(w, j, r, p)) {
+	case WAIT_PARKED:
+		return true;
+	case WAIT_ANSWERED:
+		return false;
+	case WAIT_NOT:
+		break;
+	}
+	j->outcome = "in_flight";
+	reply_problem(j, 409, "idempotency_key_in_use",
+		      "an earlier request with this key is still being "
+		      "processed; retry after the delay",
+		      idem_retry_after_s(r->retry_after_ms));
+	return false;
+}
+
+/* CLAIM_HELD: the outcome of an attempt is unknown and held. */
+static void claimed_held(proxy_worker *w, job *j, const route_cfg *r)
+{
+	leave_wait(w, j, "held");
+	j->outcome = "in_flight";
+	reply_problem(j, 409, "idempotency_key_in_use",
+		      "the outcome of an earlier attempt with this key is "
+		      "unknown and the key is held until an operator "
+		      "releases it",
+		      idem_retry_after_s(r->retry_after_ms));
+}
+
+/* CLAIM_MISMATCH: the key was used with another payload. */
+static void claimed_mismatch(proxy_worker *w, job *j, const route_cfg *r)
+{
+	leave_wait(w, j, "mismatch");
+	j->outcome = "mismatch";
+	reply_problem(j, r->mismatch_status, "idempotency_key_mismatch",
+		      "this key was already used with a different request "
+		      "payload",
+		      0);
+}
+
+/* True when the job was parked to wait (the worker leaves it alone). */
+static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
+			   const idem_plan *p)
+{
+	claim_result c;
+	char err[256];
+	int rc = claim_key(w, j, r, p, &c, err, sizeof err);
 	if (rc && j->wait_since_ms > 0) {
 		leave_wait(w, j, "store_unavailable");
 		store_refuse(w, j, r, err);
@@ -943,60 +992,28 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	w->cache_expires_ms = c.asked_ms + (double)c.expires_in_ms;
 	metrics_set_store_up(true);
 	j->attempt = c.attempt;
+	bool parked = false;
 	switch (c.decision) {
 	case CLAIM_TAKEOVER:
-		metrics_takeover(r->name);
-		/* fall through */
 	case CLAIM_FORWARD:
-		leave_wait(w, j, "took_over");
-		/* The lease counted from before the statement that granted
-		 * it was sent (a repeat after a lost answer counts from the
-		 * repeat): never later than the database's. */
-		forward_owned(w, j, r, p, &c,
-			      c.asked_ms + (double)c.lease_left_ms);
+		claimed_forward(w, j, r, p, &c);
 		break;
 	case CLAIM_REPLAY:
 		replay(w, j, p, &c);
 		leave_wait(w, j, "replayed");
 		break;
 	case CLAIM_IN_FLIGHT:
-		plan_wait(j, r);
-		switch (wait_in_flight(w, j, r, p)) {
-		case WAIT_PARKED:
-			claim_result_clear(&c);
-			return true;
-		case WAIT_ANSWERED:
-			claim_result_clear(&c);
-			return false;
-		case WAIT_NOT:
-			break;
-		}
-		j->outcome = "in_flight";
-		proxy_problem(j, 409, "idempotency_key_in_use",
-			      "an earlier request with this key is still being "
-			      "processed; retry after the delay",
-			      idem_retry_after_s(r->retry_after_ms));
+		parked = claimed_in_flight(w, j, r, p);
 		break;
 	case CLAIM_HELD:
-		leave_wait(w, j, "held");
-		j->outcome = "in_flight";
-		proxy_problem(j, 409, "idempotency_key_in_use",
-			      "the outcome of an earlier attempt with this key "
-			      "is unknown and the key is held until an "
-			      "operator releases it",
-			      idem_retry_after_s(r->retry_after_ms));
+		claimed_held(w, j, r);
 		break;
 	case CLAIM_MISMATCH:
-		leave_wait(w, j, "mismatch");
-		j->outcome = "mismatch";
-		proxy_problem(j, r->mismatch_status, "idempotency_key_mismatch",
-			      "this key was already used with a different "
-			      "request payload",
-			      0);
+		claimed_mismatch(w, j, r);
 		break;
 	}
 	claim_result_clear(&c);
-	return false;
+	return parked;
 }
 
 /* Steps 1-2 of the decision, made once per request. */
@@ -1033,8 +1050,8 @@ bool proxy_fast_path(void *arg, job *j)
 	const idem_plan *p = plan_job(j);
 	if (p->action == IDEM_REJECT) {
 		j->outcome = p->outcome;
-		proxy_problem(j, p->status, p->code, p->detail, 0);
-		proxy_account(j);
+		reply_problem(j, p->status, p->code, p->detail, 0);
+		reply_account(j);
 		return true;
 	}
 	/* Canonicalising a large JSON body would stall every connection on
@@ -1077,7 +1094,7 @@ bool proxy_fast_path(void *arg, job *j)
 		plan_wait(j, p->route);
 		add_preference_applied(j);
 		metrics_event("replay_cache_hit");
-		proxy_account(j);
+		reply_account(j);
 	}
 	ip_buf_free(&h);
 	ip_buf_free(&b);
@@ -1094,7 +1111,7 @@ void proxy_worker_handle(void *ctx, void *item)
 	switch (p->action) {
 	case IDEM_REJECT:
 		j->outcome = p->outcome;
-		proxy_problem(j, p->status, p->code, p->detail, 0);
+		reply_problem(j, p->status, p->code, p->detail, 0);
 		break;
 	case IDEM_PASSTHROUGH:
 		j->outcome = "passthrough";
@@ -1106,6 +1123,6 @@ void proxy_worker_handle(void *ctx, void *item)
 		add_preference_applied(j);
 		break;
 	}
-	proxy_account(j);
+	reply_account(j);
 	j->done(j);
 }

@@ -12,7 +12,7 @@
 #include "metrics.h"
 #include "seal.h"
 #include "seal_tally.h"
-#include "store_pg.h"
+#include "store_pg_reap.h"
 
 /* The settings a reload may change; the thread reads them at each pass. */
 typedef struct reaper_settings {

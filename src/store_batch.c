@@ -1,5 +1,7 @@
 #include "store_batch.h"
 
+#include "store_pg_many.h"
+
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
