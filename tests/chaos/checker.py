@@ -418,11 +418,10 @@ def check_same_body_never_mismatch(attempts):
     return v
 
 
-def check_known_outcome_kept(flows, logs=(), chaos=(), lease_s=None):
-    """Once a client had its final answer, the same request again gets it
-    replayed: it is never stuck behind 409 (the record lost the answer),
-    unless the store was down for longer than the lease just then."""
-    v = []
+def records_failed(logs, chaos, lease_s):
+    """Keys whose record the proxy could not write, and those of them whose
+    write failed while the store was down longer than the lease (no retry
+    within the lease could have written them)."""
     failed, excused = set(), set()
     for ln in logs:
         if (ln.get("msg") or "").startswith("could not record"):
@@ -431,6 +430,15 @@ def check_known_outcome_kept(flows, logs=(), chaos=(), lease_s=None):
                 failed.add(m.group(1))
                 if long_outage(log_time(ln), chaos, lease_s):
                     excused.add(m.group(1))
+    return failed, excused
+
+
+def check_known_outcome_kept(flows, logs=(), chaos=(), lease_s=None):
+    """Once a client had its final answer, the same request again gets it
+    replayed: it is never stuck behind 409 (the record lost the answer),
+    unless the store was down for longer than the lease just then."""
+    v = []
+    failed, excused = records_failed(logs, chaos, lease_s)
     for f in flows:
         if f["key"] in excused:
             continue
@@ -442,11 +450,14 @@ def check_known_outcome_kept(flows, logs=(), chaos=(), lease_s=None):
     return v
 
 
-def check_held_explained(flows, attempts, ups):
+def check_held_explained(flows, attempts, ups, logs=(), chaos=(), lease_s=None):
     """A key held (on_unknown = hold) had an attempt with an unknown
-    outcome: an upstream request that was not answered, or a client attempt
-    that met a crash or a store outage."""
+    outcome: an upstream request that was not answered, a client attempt
+    that met a crash or a store outage, or an answer the proxy could not
+    record while the store was down for longer than the lease (the client
+    had its answer; the record stays processing, and so held)."""
     v = []
+    _, unrecordable = records_failed(logs, chaos, lease_s)
     per_key = by_key(ups)
     tried = {}
     for a in attempts:
@@ -455,6 +466,8 @@ def check_held_explained(flows, attempts, ups):
         if f.get("final") or f.get("cause") != "held":
             continue
         key = f["key"]
+        if key in unrecordable:
+            continue
         unanswered = [r for r in per_key.get(key, []) if not r.get("answered")]
         troubled = [a for a in tried.get(key, []) if a.get("error")
                     or a.get("code") in ("idempotency_store_unavailable",
@@ -485,7 +498,7 @@ def check_run(mode, ups, attempts, flows, keys, logs, chaos, exits, port_inst,
     dedup = mode == "release"
     if mode == "hold":
         v += check_one_request_per_key(ups)
-        v += check_held_explained(flows, attempts, ups)
+        v += check_held_explained(flows, attempts, ups, logs, chaos, lease_s)
     else:
         v += check_one_effect_per_key(ups)
         first_try = {}

@@ -50,6 +50,23 @@ def test_held_explained():
     assert names(v) == ["held_explained"]
     v = c.check_held_explained(held, [att("a", status=409, code="idempotency_key_in_use")], [])
     assert names(v) == ["held_explained"]
+    # answered, but its record failed while every store connection was held
+    # longer than the lease: the record stays processing, so held
+    answered = [att("a", status=201, code=None)]
+    fail = [{"msg": "could not record the outcome; retrying in the background",
+             "time": "2026-12-01T09:26:05.100Z",
+             "detail": "request_id=r1 route=x key=a no answer from the store"}]
+    at = c.log_time(fail[0])
+    long_stall = [{"kind": "stall", "stall": "hold_all", "store": True,
+                   "t": at - 0.3, "t_end": at + 3.8}]
+    assert c.check_held_explained(held, answered, [up(1, "a", 0, 0.01)], fail,
+                                  long_stall, 3.0) == []
+    # a stall shorter than the lease explains nothing: a retry within the
+    # lease could have written the record
+    short_stall = [dict(long_stall[0], t_end=at + 1.0)]
+    v = c.check_held_explained(held, answered, [up(1, "a", 0, 0.01)], fail,
+                               short_stall, 3.0)
+    assert names(v) == ["held_explained"]
 
 
 # --- release -------------------------------------------------------------------
