@@ -13,6 +13,7 @@
 #include "jsonptr.h"
 #include "jwt_auth.h"
 #include "keyparts.h"
+#include "log.h"
 #include "pathtpl.h"
 #include "seal.h"
 #include "util.h"
@@ -27,7 +28,6 @@ enum tenant_kind {
 /* A jwt route's issuer, escaped by ip_pct_escape, is at most this long: it
  * is part of every stored tenant of the route. */
 #define ROUTE_JWT_ISSUER_MAX 255
-enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 typedef struct str_list {
 	char **v;
