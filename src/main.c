@@ -18,6 +18,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "notify_listen.h"
+#include "offload.h"
 #include "proxy.h"
 #include "reaper.h"
 #include "reencrypt.h"
@@ -265,6 +266,28 @@ static void reload(const char *file)
 	config_unref(old);
 }
 
+static double read_loop_lag_s(void *loop)
+{
+	return fiber_sched_lag_ms(loop) / 1000.0;
+}
+
+/* Adds the readings /metrics shows, at 0 until what they read exists,
+ * before anything can scrape. /readyz reads the loop's lag through its. */
+static metrics_reading *publish_readings(void)
+{
+	metrics_reading *lag = metrics_reading_add(
+		"idemproxy_loop_lag_seconds", "gauge",
+		"How late the serving loop (libmicrohttpd, the workers' "
+		"fibers, the batch lanes) is in coming round: 0 while it "
+		"keeps up; above loop_stall_max, /readyz fails.",
+		"", read_loop_lag_s);
+	worker_pool_publish(NULL);
+	store_batch_publish(NULL);
+	offload_publish();
+	busy_publish();
+	return lag;
+}
+
 static int serve(config *cfg)
 {
 	/* Lives as long as every thread that names a wake-up. */
@@ -285,6 +308,7 @@ static int serve(config *cfg)
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 
 	cfg_current = cfg;
+	metrics_reading *loop_lag = publish_readings();
 	busy_set_budget_ms(cfg->busy_poll_ms);
 	running.started = config_ref(cfg);
 	char err[512];
@@ -337,9 +361,9 @@ static int serve(config *cfg)
 	fiber_sched *loop = worker_pool_sched(pool);
 	if (batch)
 		store_batch_start(batch, loop);
-	metrics_set_loop(loop);
-	metrics_set_worker_pool(pool);
-	metrics_set_store_batch(batch);
+	metrics_reading_bind(loop_lag, loop);
+	worker_pool_publish(pool);
+	store_batch_publish(batch);
 	export_routes(cfg);
 	front_opts fo = {
 		.listen = cfg->listen,
@@ -357,9 +381,9 @@ static int serve(config *cfg)
 	http_front *front = http_front_start(&fo, err, sizeof err);
 	if (!front) {
 		fprintf(stderr, "idemproxy: %s\n", err);
-		metrics_set_loop(NULL);
-		metrics_set_worker_pool(NULL);
-		metrics_set_store_batch(NULL);
+		metrics_reading_unbind(loop_lag);
+		worker_pool_publish(NULL);
+		store_batch_publish(NULL);
 		store_batch_stop(batch);
 		worker_pool_stop(pool);
 		store_batch_free(batch);
@@ -406,11 +430,11 @@ static int serve(config *cfg)
 		_exit(0);
 	}
 	http_front_stop(front);
-	metrics_set_loop(NULL);
+	metrics_reading_unbind(loop_lag);
 	admin_stop(adm);
 	reaper_stop(rp);
-	metrics_set_worker_pool(NULL);
-	metrics_set_store_batch(NULL);
+	worker_pool_publish(NULL);
+	store_batch_publish(NULL);
 	/* The front end drained: nothing is with a worker now, and anything
 	 * still coming goes alone. */
 	store_batch_stop(batch);
