@@ -448,28 +448,34 @@ static const config_setting_t *cfg_blame(const config_setting_t *route,
 	return s ? s : route;
 }
 
-static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
-			   const config_setting_t *g,
-			   const config_setting_t *defaults)
+/* An attempt sends only with this much of its lease left (proxy.c): a
+ * lease that cannot hold it would refuse every request. */
+static int cfg_route_lease_rule(cfg_ctx *x, const route_cfg *r,
+				const config_setting_t *g,
+				const config_setting_t *defaults)
 {
 	char a[32], b[32], c[32];
-	/* An attempt sends only with this much of its lease left (proxy.c):
-	 * a lease that cannot hold it would refuse every request. */
 	int64_t margin = route_lease_margin_ms(r);
-	if (r->lease_ms <= r->upstream_timeout_ms + margin) {
-		cfg_fmt_ms(r->lease_ms, a, sizeof a);
-		cfg_fmt_ms(r->upstream_timeout_ms, b, sizeof b);
-		cfg_fmt_ms(margin, c, sizeof c);
-		return cfg_fail(x,
-				cfg_blame(g, defaults, "lease",
-					  "upstream_timeout"),
-				"route \"%s\": lease (%s) must be longer than "
-				"upstream_timeout (%s) plus the lease margin "
-				"(%s: a tenth of the lease, at least 100ms, at "
-				"most 2s), since an attempt is sent only while "
-				"that much of its lease is left",
-				r->name, a, b, c);
-	}
+	if (r->lease_ms > r->upstream_timeout_ms + margin)
+		return 0;
+	cfg_fmt_ms(r->lease_ms, a, sizeof a);
+	cfg_fmt_ms(r->upstream_timeout_ms, b, sizeof b);
+	cfg_fmt_ms(margin, c, sizeof c);
+	return cfg_fail(x, cfg_blame(g, defaults, "lease", "upstream_timeout"),
+			"route \"%s\": lease (%s) must be longer than "
+			"upstream_timeout (%s) plus the lease margin "
+			"(%s: a tenth of the lease, at least 100ms, at "
+			"most 2s), since an attempt is sent only while "
+			"that much of its lease is left",
+			r->name, a, b, c);
+}
+
+/* Settings that exclude or need one another: the fingerprint's pointers,
+ * a jwt tenant and its group. */
+static int cfg_route_pair_rules(cfg_ctx *x, const route_cfg *r,
+				const config_setting_t *g,
+				const config_setting_t *defaults)
+{
 	if (r->n_fp_ignore && r->n_fp_only)
 		return cfg_fail(x,
 				cfg_blame(g, defaults, "fingerprint_only",
@@ -491,31 +497,58 @@ static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
 				"characters, with '%%', ':' and bytes outside "
 				"visible ASCII written as %%XX",
 				r->name, ROUTE_JWT_ISSUER_MAX);
-	if (r->wait_max_ms > r->lease_ms) {
-		const config_setting_t *set = cfg_member(g, "wait_max");
-		if (!set)
-			set = cfg_member(defaults, "wait_max");
-		/* A wait never outlasts the attempt it waits for; the
-		 * default follows a shorter lease. */
-		if (!set) {
-			r->wait_max_ms = r->lease_ms;
-		} else {
-			cfg_fmt_ms(r->wait_max_ms, a, sizeof a);
-			cfg_fmt_ms(r->lease_ms, b, sizeof b);
-			return cfg_fail(x, set,
-					"route \"%s\": wait_max (%s) must not "
-					"be longer than lease (%s)",
-					r->name, a, b);
-		}
+	return 0;
+}
+
+/* A wait never outlasts the attempt it waits for: a wait_max set longer
+ * than the lease is an error, the default follows a shorter lease. */
+static int cfg_route_wait_rule(cfg_ctx *x, route_cfg *r,
+			       const config_setting_t *g,
+			       const config_setting_t *defaults)
+{
+	if (r->wait_max_ms <= r->lease_ms)
+		return 0;
+	const config_setting_t *set = cfg_member(g, "wait_max");
+	if (!set)
+		set = cfg_member(defaults, "wait_max");
+	if (!set) {
+		r->wait_max_ms = r->lease_ms;
+		return 0;
 	}
-	if (r->ttl_ms <= r->lease_ms) {
-		cfg_fmt_ms(r->ttl_ms, a, sizeof a);
-		cfg_fmt_ms(r->lease_ms, b, sizeof b);
-		return cfg_fail(x, cfg_blame(g, defaults, "ttl", "lease"),
-				"route \"%s\": ttl (%s) must be longer than "
-				"lease (%s)",
-				r->name, a, b);
-	}
+	char a[32], b[32];
+	cfg_fmt_ms(r->wait_max_ms, a, sizeof a);
+	cfg_fmt_ms(r->lease_ms, b, sizeof b);
+	return cfg_fail(x, set,
+			"route \"%s\": wait_max (%s) must not be longer than "
+			"lease (%s)",
+			r->name, a, b);
+}
+
+static int cfg_route_ttl_rule(cfg_ctx *x, const route_cfg *r,
+			      const config_setting_t *g,
+			      const config_setting_t *defaults)
+{
+	if (r->ttl_ms > r->lease_ms)
+		return 0;
+	char a[32], b[32];
+	cfg_fmt_ms(r->ttl_ms, a, sizeof a);
+	cfg_fmt_ms(r->lease_ms, b, sizeof b);
+	return cfg_fail(x, cfg_blame(g, defaults, "ttl", "lease"),
+			"route \"%s\": ttl (%s) must be longer than lease (%s)",
+			r->name, a, b);
+}
+
+/* The rules between a route's settings, in the order they were checked
+ * when they were one function: the first broken one is reported. */
+static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
+			   const config_setting_t *g,
+			   const config_setting_t *defaults)
+{
+	if (cfg_route_lease_rule(x, r, g, defaults) < 0 ||
+	    cfg_route_pair_rules(x, r, g, defaults) < 0 ||
+	    cfg_route_wait_rule(x, r, g, defaults) < 0 ||
+	    cfg_route_ttl_rule(x, r, g, defaults) < 0)
+		return -1;
 	return 0;
 }
 
