@@ -7,7 +7,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "seal_tally.h"
 #include "util.h"
 
 void metrics_request(const char *route, const char *outcome);
@@ -32,8 +31,16 @@ void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
 void metrics_set_replay_cache(size_t entries, size_t bytes);
 /* Seals per key id as stored (every instance's), the active key's count
- * (0: sealing off) and store_encryption.warn_seals. */
-void metrics_set_seal_counts(const seal_tally_entry *e, size_t n,
+ * (0: sealing off) and store_encryption.warn_seals. At most
+ * METRICS_SEAL_KEYS_MAX ids of at most METRICS_KEY_ID_MAX bytes are
+ * kept (seal.h's bounds, which reaper.c checks at compile time). */
+#define METRICS_SEAL_KEYS_MAX 128
+#define METRICS_KEY_ID_MAX 32
+typedef struct metrics_key_count {
+	const char *id;
+	uint64_t n;
+} metrics_key_count;
+void metrics_set_seal_counts(const metrics_key_count *e, size_t n,
 			     uint64_t active, int64_t warn_at);
 
 /* Waiting duplicates (waiters.h): how many wait now, how long one waited,

@@ -107,7 +107,10 @@ static int g_store_up;
 static uint64_t reaper_released, reaper_purged;
 static double reaper_last_success;
 static uint64_t cache_entries, cache_bytes;
-static seal_tally_entry seal_counts[SEAL_TALLY_MAX];
+static struct {
+	char id[METRICS_KEY_ID_MAX + 1];
+	uint64_t n;
+} seal_counts[METRICS_SEAL_KEYS_MAX];
 static size_t n_seal_counts;
 static uint64_t seal_active;
 static int64_t seal_warn_at = INT64_C(2147483648);
@@ -357,12 +360,16 @@ void metrics_set_replay_cache(size_t entries, size_t bytes)
 	pthread_mutex_unlock(&mu);
 }
 
-void metrics_set_seal_counts(const seal_tally_entry *e, size_t n,
+void metrics_set_seal_counts(const metrics_key_count *e, size_t n,
 			     uint64_t active, int64_t warn_at)
 {
 	pthread_mutex_lock(&mu);
-	n_seal_counts = n < SEAL_TALLY_MAX ? n : SEAL_TALLY_MAX;
-	memcpy(seal_counts, e, n_seal_counts * sizeof *e);
+	n_seal_counts = n < METRICS_SEAL_KEYS_MAX ? n : METRICS_SEAL_KEYS_MAX;
+	for (size_t i = 0; i < n_seal_counts; i++) {
+		snprintf(seal_counts[i].id, sizeof seal_counts[i].id, "%s",
+			 e[i].id);
+		seal_counts[i].n = e[i].n;
+	}
 	seal_active = active;
 	seal_warn_at = warn_at;
 	pthread_mutex_unlock(&mu);
@@ -497,7 +504,7 @@ static void render_seals(ip_buf *out)
 			   "as stored (updated at each reaper pass).\n"
 			   "# TYPE idemproxy_seal_key_seals gauge\n");
 	for (size_t i = 0; i < n_seal_counts; i++) {
-		char id[SEAL_ID_MAX + 1];
+		char id[METRICS_KEY_ID_MAX + 1];
 		label_copy(id, sizeof id, seal_counts[i].id);
 		ip_buf_printf(out, "idemproxy_seal_key_seals{key=\"%s\"} "
 			      "%llu\n", id,
