@@ -9,11 +9,8 @@
  * operator writes and can never bypass validation. */
 #include "config.h"
 
-#include <ctype.h>
 #include <errno.h>
-#include <inttypes.h>
 #include <libconfig.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
