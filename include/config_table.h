@@ -14,9 +14,12 @@
 #include <stdint.h>
 
 #include "config_reload.h"
-#include "route.h"
 
+/* Named, not included: the loader's parts include config.h themselves,
+ * and the row type stays below the conf it fills. */
 struct config;
+struct route_cfg;
+struct str_list;
 
 #define CFG_MS_SECOND INT64_C(1000)
 #define CFG_MS_MINUTE (60 * CFG_MS_SECOND)
@@ -112,9 +115,10 @@ int cfg_conv_listen(const cfg_opt *o, const config_setting_t *s, void *base,
 		    char *why, size_t whylen);
 int cfg_conv_listen_or_off(const cfg_opt *o, const config_setting_t *s,
 			   void *base, char *why, size_t whylen);
-void cfg_list_free(str_list *l);
-int cfg_strings(const config_setting_t *s, str_list *out, const char *what,
-		bool (*ok)(const char *), char *why, size_t whylen);
+void cfg_list_free(struct str_list *l);
+int cfg_strings(const config_setting_t *s, struct str_list *out,
+		const char *what, bool (*ok)(const char *), char *why,
+		size_t whylen);
 
 /* ---- config_route.c */
 
@@ -140,7 +144,7 @@ int cfg_conv_path(const cfg_opt *o, const config_setting_t *s, void *base,
 		  char *why, size_t whylen);
 int cfg_conv_upstream(const cfg_opt *o, const config_setting_t *s, void *base,
 		      char *why, size_t whylen);
-void cfg_route_free(route_cfg *r);
+void cfg_route_free(struct route_cfg *r);
 int cfg_check_defaults(cfg_ctx *x, const config_setting_t *d);
 int cfg_load_routes(cfg_ctx *x, struct config *c, const config_setting_t *root,
 		    const config_setting_t *defaults);
