@@ -35,5 +35,7 @@ void busy_account(double started_ms, double deadline_ms);
 
 /* Seconds spent busy polling since start (a counter). */
 double busy_seconds_total(void);
+/* Adds it to /metrics; once, at start. */
+void busy_publish(void);
 
 #endif

@@ -10,63 +10,11 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "jsonptr.h"
-#include "jwt_auth.h"
-#include "keyparts.h"
-#include "pathtpl.h"
+#include "config_reload.h"
+#include "log.h"
+#include "route.h"
 #include "seal.h"
 #include "util.h"
-
-enum tenant_kind {
-	TENANT_STATIC,
-	TENANT_HEADER,
-	TENANT_AUTHORIZATION,
-	TENANT_JWT,
-};
-
-/* A jwt route's issuer, escaped by ip_pct_escape, is at most this long: it
- * is part of every stored tenant of the route. */
-#define ROUTE_JWT_ISSUER_MAX 255
-enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
-
-typedef struct str_list {
-	char **v;
-	size_t n;
-} str_list;
-
-typedef struct route_cfg {
-	char *name;        /* the operation */
-	char *path;        /* the template as written */
-	pathtpl *tpl;
-	char *upstream;    /* base URL, without a trailing '/' */
-	int line;          /* line of the route in the conf file */
-
-	str_list methods;  /* upper-case */
-	bool key_required;
-	enum tenant_kind tenant_kind;
-	char *tenant_arg;  /* NAME for static:/header:, CLAIM for jwt:, NULL for
-			    * authorization */
-	jwt_policy *jwt;   /* the jwt group; NULL when not set */
-	keyparts key_from;
-	int64_t ttl_ms;
-	int64_t lease_ms;
-	int64_t upstream_timeout_ms;
-	int64_t retry_after_ms;
-	int mismatch_status; /* 409 or 422 */
-	int *release_statuses;
-	size_t n_release_statuses;
-	bool on_unknown_hold;  /* false = release_after_lease */
-	str_list replay_headers;
-	str_list fingerprint_headers;
-	bool status_only;  /* store_body = "status_only": no body stored */
-	/* At most one of the two is non-empty. */
-	jsonptr **fp_ignore;
-	size_t n_fp_ignore;
-	jsonptr **fp_only;
-	size_t n_fp_only;
-	bool in_flight_wait; /* in_flight = "wait": duplicates wait */
-	int64_t wait_max_ms; /* longest a duplicate waits; <= lease_ms */
-} route_cfg;
 
 typedef struct config {
 	atomic_int refs;
@@ -115,15 +63,6 @@ typedef struct config {
 	size_t n_routes;
 } config;
 
-/* What a SIGHUP does with a setting, as in redis's MODIFIABLE_CONFIG /
- * IMMUTABLE_CONFIG flags and pgbouncer's no-reload settings. Every row of
- * the settings tables (src/config.c) names one; a unit test checks. */
-enum config_reload {
-	CONFIG_RELOAD_UNSET,   /* a row that does not say: a bug */
-	CONFIG_RELOAD_APPLY,   /* a reload puts the new value in force */
-	CONFIG_RELOAD_RESTART, /* the value at start stays until a restart */
-};
-
 /* Calls fn for every setting of every table, in table order. scope is
  * "" (top level), "database", "reaper", "route" (defaults and routes) or
  * "route-only". For tests and documentation. */
@@ -146,21 +85,6 @@ config *config_load(const char *file, char *err, size_t errlen) IP_WUR;
 
 config *config_ref(config *c);
 void config_unref(config *c);
-
-/* First route whose template matches the path (no query), normalised by
- * pathtpl_normalize, or NULL. */
-const route_cfg *config_match_route(const config *c, const char *path,
-				    size_t len);
-
-bool route_has_method(const route_cfg *r, const char *method);
-bool route_releases_status(const route_cfg *r, int status);
-
-/* The part of an attempt's lease kept free after its upstream call: a
- * tenth of the lease, at least 100 ms, at most 2 s. An attempt sends only
- * with upstream_timeout plus this much of its lease left. */
-#define ROUTE_LEASE_MARGIN_MIN_MS 100
-#define ROUTE_LEASE_MARGIN_MAX_MS 2000
-int64_t route_lease_margin_ms(const route_cfg *r);
 
 /* The human-readable summary printed by --check: one line per route. */
 void config_print_routes(const config *c, FILE *out);

@@ -10,25 +10,8 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "http_msg.h"
 #include "util.h"
-
-typedef struct http_header {
-	char *name;
-	char *value;
-} http_header;
-
-typedef struct header_list {
-	http_header *v;
-	size_t n;
-	size_t cap;
-} header_list;
-
-void header_list_add(header_list *l, const char *name, size_t name_len,
-		     const char *value, size_t value_len);
-/* First value of name (case-insensitive), or NULL. */
-const char *header_list_get(const header_list *l, const char *name);
-size_t header_list_count(const header_list *l, const char *name);
-void header_list_free(header_list *l);
 
 typedef struct job {
 	config *cfg;           /* a reference, taken when the request arrived */

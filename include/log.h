@@ -14,7 +14,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "util.h"
+
+enum log_level { LOG_ERROR, LOG_WARN, LOG_INFO, LOG_DEBUG };
 
 #define LOG_FLUSH_MS_DEFAULT 100
 

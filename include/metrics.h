@@ -7,7 +7,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "seal_tally.h"
 #include "util.h"
 
 void metrics_request(const char *route, const char *outcome);
@@ -32,8 +31,16 @@ void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
 void metrics_set_replay_cache(size_t entries, size_t bytes);
 /* Seals per key id as stored (every instance's), the active key's count
- * (0: sealing off) and store_encryption.warn_seals. */
-void metrics_set_seal_counts(const seal_tally_entry *e, size_t n,
+ * (0: sealing off) and store_encryption.warn_seals. At most
+ * METRICS_SEAL_KEYS_MAX ids of at most METRICS_KEY_ID_MAX bytes are
+ * kept (seal.h's bounds, which reaper.c checks at compile time). */
+#define METRICS_SEAL_KEYS_MAX 128
+#define METRICS_KEY_ID_MAX 32
+typedef struct metrics_key_count {
+	const char *id;
+	uint64_t n;
+} metrics_key_count;
+void metrics_set_seal_counts(const metrics_key_count *e, size_t n,
 			     uint64_t active, int64_t warn_at);
 
 /* Waiting duplicates (waiters.h): how many wait now, how long one waited,
@@ -43,22 +50,32 @@ void metrics_set_waiters(int n);
 void metrics_observe_wait_ms(double ms);
 void metrics_wait_outcome(const char *route, const char *outcome);
 
-/* The pool whose queue and busy workers the gauges show (NULL: none, set
- * before the pool stops). */
-struct worker_pool;
-void metrics_set_worker_pool(struct worker_pool *p);
+/* A reading: a gauge or counter whose value its owner gives at each
+ * scrape (a queue's length, a loop's lag), so that the metrics depend on
+ * no module they report on; whoever owns a value adds its reading.
+ * read is called with the metrics' lock held: it must not call into
+ * metrics, nor wait for anything that does. */
+#define METRICS_MAX_READINGS 32
+typedef double (*metrics_read_fn)(void *arg);
+typedef struct metrics_reading metrics_reading;
 
-/* The serving loop whose lag idemproxy_loop_lag_seconds shows (NULL:
- * none, set before the scheduler stops). metrics_loop_lag_ms gives that
- * lag to /readyz: false when there is no loop. */
-struct fiber_sched;
-void metrics_set_loop(struct fiber_sched *s);
-bool metrics_loop_lag_ms(double *lag_ms);
-
-/* The batches whose queues the gauges show (NULL: none, set before they
- * are freed). */
-struct store_batch;
-void metrics_set_store_batch(struct store_batch *b);
+/* Adds the series family{labels} (labels "" for none; type "gauge" or
+ * "counter"), unbound: it shows 0 until bound. Series are rendered in the
+ * order added, help and type once per family, with its first series.
+ * Strings must outlive the process. From one thread at start, before the
+ * first scrape; NULL when METRICS_MAX_READINGS are taken. */
+metrics_reading *metrics_reading_add(const char *family, const char *type,
+				     const char *help, const char *labels,
+				     metrics_read_fn read);
+/* From now on the series shows read(arg) (arg may be NULL for a value of
+ * the whole process). */
+void metrics_reading_bind(metrics_reading *r, void *arg);
+/* Back to 0. Waits for a scrape in progress, so that the arg bound
+ * before is never read once this returns. NULL r: nothing. */
+void metrics_reading_unbind(metrics_reading *r);
+/* The first series of family, now: false when there is none or it is not
+ * bound. */
+bool metrics_read(const char *family, double *v);
 
 void metrics_render(ip_buf *out);
 

@@ -26,5 +26,7 @@ bool offload_run(void (*fn)(void *), void *arg);
  * done yet (running or queued): for /metrics. */
 unsigned long offload_jobs(void);
 int offload_pending(void);
+/* Adds those two to /metrics; once, at start. */
+void offload_publish(void);
 
 #endif

@@ -51,6 +51,10 @@ void store_batch_free(store_batch *b);
 
 /* Calls waiting for the statement of their kind in flight (any thread). */
 void store_batch_queued(store_batch *b, int *claims, int *records);
+/* Shows b's queues in /metrics; NULL first adds the gauges (at 0), and
+ * later stops showing them: call it so before b is freed. From the main
+ * thread. */
+void store_batch_publish(store_batch *b);
 
 /* How a worker calls it: its own store, the most attempts one statement
  * may carry (database.batch; <= 1: none, each alone) and the

@@ -31,6 +31,10 @@ void worker_pool_set_queue_size(worker_pool *p, int queue_size);
 int worker_pool_busy(worker_pool *p);
 /* Items waiting for a worker, and workers handling one. */
 void worker_pool_counts(worker_pool *p, int *queued, int *active);
+/* Shows p's queue and busy workers in /metrics; NULL first adds the
+ * gauges (at 0), and later stops showing the pool: call it so before the
+ * pool stops. From the main thread. */
+void worker_pool_publish(worker_pool *p);
 /* Lets the queued items finish, then joins the scheduler. */
 void worker_pool_stop(worker_pool *p);
 

@@ -27,8 +27,9 @@ FUZZ_DEPS_idkey   := $(call fuzz_objs,idkey)
 FUZZ_DEPS_json    := $(call fuzz_objs,fingerprint jsonptr)
 FUZZ_DEPS_pathtpl := $(call fuzz_objs,pathtpl)
 FUZZ_DEPS_units   := $(call fuzz_objs,units)
-FUZZ_DEPS_config  := $(call fuzz_objs,config pathtpl units seal keyparts \
-			jsonptr jwt_auth fingerprint idkey job)
+FUZZ_DEPS_config  := $(call fuzz_objs,config config_conv config_route route \
+			pathtpl units seal keyparts \
+			jsonptr jwt_auth fingerprint idkey http_msg)
 FUZZ_DEPS_keys    := $(call fuzz_objs,seal)
 FUZZ_DEPS_jsonptr := $(call fuzz_objs,jsonptr)
 FUZZ_DEPS_jwt     := $(call fuzz_objs,jwt_auth)

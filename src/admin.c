@@ -541,9 +541,10 @@ static enum MHD_Result get_only(struct MHD_Connection *conn,
  * begins and ends, not at every probe. */
 static bool loop_stalled(admin *a, char *err, size_t errlen)
 {
-	double lag;
-	if (!metrics_loop_lag_ms(&lag))
+	double lag_s;
+	if (!metrics_read("idemproxy_loop_lag_seconds", &lag_s))
 		return false;
+	double lag = lag_s * 1000.0;
 	config *cfg = a->get_config(a->arg);
 	int64_t max = cfg->loop_stall_max_ms;
 	config_unref(cfg);

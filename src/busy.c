@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 
+#include "metrics.h"
 #include "util.h"
 
 static atomic_llong budget_ms;
@@ -53,4 +54,17 @@ void busy_account(double started_ms, double deadline_ms)
 double busy_seconds_total(void)
 {
 	return (double)atomic_load(&spent_us) / 1e6;
+}
+
+static double read_busy(void *arg) { return busy_seconds_total(); }
+
+void busy_publish(void)
+{
+	metrics_reading_bind(
+		metrics_reading_add("idemproxy_busy_poll_seconds_total",
+				    "counter",
+				    "Time threads spent polling instead of "
+				    "sleeping (busy_poll).",
+				    "", read_busy),
+		NULL);
 }

@@ -249,7 +249,8 @@ void idem_plan_request(const config *cfg, const idem_request *rq,
 		reject(p, 400, "bad_request", "rejected", d);
 		return;
 	}
-	const route_cfg *r = config_match_route(cfg, norm, nlen);
+	const route_cfg *r =
+		route_match(cfg->routes, cfg->n_routes, norm, nlen);
 	free(norm);
 	p->route = r;
 	if (!r) {

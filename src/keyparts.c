@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "fingerprint.h"
-#include "job.h"
+#include "http_msg.h"
 
 #define KP_WHY(why, whylen, ...) (snprintf(why, whylen, __VA_ARGS__), -1)
 

@@ -18,6 +18,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "notify_listen.h"
+#include "offload.h"
 #include "proxy.h"
 #include "reaper.h"
 #include "reencrypt.h"
@@ -266,81 +267,149 @@ static void reload(const char *file)
 	config_unref(old);
 }
 
-static int serve(config *cfg)
+static double read_loop_lag_s(void *loop)
 {
-	/* Lives as long as every thread that names a wake-up. */
-	static wake_key wk;
-	if (check_schema(cfg, &wk) || upstream_global_init()) {
+	return fiber_sched_lag_ms(loop) / 1000.0;
+}
+
+/* Adds the readings /metrics shows, at 0 until what they read exists,
+ * before anything can scrape. /readyz reads the loop's lag through its. */
+static metrics_reading *publish_readings(void)
+{
+	metrics_reading *lag = metrics_reading_add(
+		"idemproxy_loop_lag_seconds", "gauge",
+		"How late the serving loop (libmicrohttpd, the workers' "
+		"fibers, the batch lanes) is in coming round: 0 while it "
+		"keeps up; above loop_stall_max, /readyz fails.",
+		"", read_loop_lag_s);
+	worker_pool_publish(NULL);
+	store_batch_publish(NULL);
+	offload_publish();
+	busy_publish();
+	return lag;
+}
+
+/* Everything serve() starts, in the order it starts them. */
+typedef struct parts {
+	char *db_url; /* the workers' own copy: a reload frees cfg */
+	replay_cache *cache;
+	record_retry *retry;
+	waiters *wt;
+	store_batch *batch; /* NULL on Citus */
+	proxy_shared shared;
+	worker_ops ops;
+	admin *adm;
+	worker_pool *pool;
+	fiber_sched *loop;
+	http_front *front;
+	notify_listen *nl;
+	reaper *rp;
+	metrics_reading *loop_lag;
+} parts;
+
+/* What the process needs before any thread starts: the schema, libcurl,
+ * and the signals only the main thread takes. */
+static int prepare_process(config *cfg, wake_key *wk, sigset_t *set)
+{
+	if (check_schema(cfg, wk) || upstream_global_init()) {
 		config_unref(cfg);
-		return 1;
+		return -1;
 	}
 	json_object_seed(0);
 	signal(SIGPIPE, SIG_IGN);
 	/* Every thread inherits this mask; only the main thread takes the
 	 * signals, with sigwait. */
-	sigset_t set;
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	sigemptyset(set);
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGHUP);
+	pthread_sigmask(SIG_BLOCK, set, NULL);
+	return 0;
+}
 
-	cfg_current = cfg;
-	busy_set_budget_ms(cfg->busy_poll_ms);
-	running.started = config_ref(cfg);
-	char err[512];
+/* What the workers share: the replay cache, the record retrier, the
+ * waiters and the store batches. */
+static void start_shared(parts *p, const config *cfg, wake_key *wk)
+{
 	/* Even at size 0: a reload may turn it on. */
-	replay_cache *cache = replay_cache_new((size_t)cfg->replay_cache_size);
-	running.cache = cache;
+	p->cache = replay_cache_new((size_t)cfg->replay_cache_size);
+	running.cache = p->cache;
 	/* Workers read the URL when they start, which may be after the first
 	 * reload has freed cfg: they get a copy of their own. */
-	char *db_url = xstrdup(cfg->db_url);
-	record_retry *retry =
-		record_retry_start(db_url, cfg->statement_timeout_ms, &wk);
-	waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
+	p->db_url = xstrdup(cfg->db_url);
+	p->retry = record_retry_start(p->db_url, cfg->statement_timeout_ms, wk);
+	static const waiters_ops wops = {resubmit_job, proxy_wait_answer, NULL};
 	/* Half the workers at most claim again for waiters: the rest stay
 	 * free for fresh requests, whatever wakes the waiters. */
-	waiters *wt = waiters_start(cfg->max_waiters,
-				    cfg->max_waiters_per_tenant,
-				    (cfg->workers + 1) / 2, &wops);
-	running.waiters = wt;
+	p->wt = waiters_start(cfg->max_waiters, cfg->max_waiters_per_tenant,
+			      (cfg->workers + 1) / 2, &wops);
+	running.waiters = p->wt;
 	/* On Citus a claim stays the delegated call of one tenant's shard. */
-	store_batch *batch = !cfg->db_citus
-				     ? store_batch_new(db_url,
-						 cfg->statement_timeout_ms)
-				     : NULL;
-	proxy_shared shared = {db_url, cfg->statement_timeout_ms, cfg->db_citus,
-			       cache, retry, wt, batch, &wk};
-	worker_ops ops = {proxy_worker_init, proxy_worker_handle,
-			  proxy_worker_fini, &shared};
-	admin *adm = NULL;
-	if (cfg->admin_listen[0]) {
-		admin_opts ao = {
-			.listen = cfg->admin_listen,
-			.db_url = cfg->db_url,
-			.statement_timeout_ms = cfg->statement_timeout_ms,
-			.get_config = get_config,
-			.forget = forget_cached,
-			.forget_arg = cache,
-		};
-		adm = admin_start(&ao, err, sizeof err);
-		if (!adm) {
-			fprintf(stderr, "idemproxy: admin: %s\n", err);
-			goto fail;
-		}
+	p->batch = !cfg->db_citus ? store_batch_new(p->db_url,
+						    cfg->statement_timeout_ms)
+				  : NULL;
+	p->shared = (proxy_shared){
+		.db_url = p->db_url,
+		.statement_timeout_ms = cfg->statement_timeout_ms,
+		.citus = cfg->db_citus,
+		.cache = p->cache,
+		.retry = p->retry,
+		.waiters = p->wt,
+		.batch = p->batch,
+		.wake = wk,
+	};
+	p->ops = (worker_ops){proxy_worker_init, proxy_worker_handle,
+			      proxy_worker_fini, &p->shared};
+}
+
+static int start_admin(parts *p, const config *cfg)
+{
+	if (!cfg->admin_listen[0])
+		return 0;
+	admin_opts ao = {
+		.listen = cfg->admin_listen,
+		.db_url = cfg->db_url,
+		.statement_timeout_ms = cfg->statement_timeout_ms,
+		.get_config = get_config,
+		.forget = forget_cached,
+		.forget_arg = p->cache,
+	};
+	char err[512];
+	p->adm = admin_start(&ao, err, sizeof err);
+	if (!p->adm) {
+		fprintf(stderr, "idemproxy: admin: %s\n", err);
+		return -1;
 	}
+	return 0;
+}
+
+/* Takes back what start_serving started when the front end cannot. */
+static void unstart_serving(parts *p)
+{
+	metrics_reading_unbind(p->loop_lag);
+	worker_pool_publish(NULL);
+	store_batch_publish(NULL);
+	store_batch_stop(p->batch);
+	worker_pool_stop(p->pool);
+	store_batch_free(p->batch);
+	admin_stop(p->adm);
+}
+
+/* The workers, their loop and the front end that runs on it. */
+static int start_serving(parts *p, const config *cfg)
+{
 	/* A worker's deepest stack (OpenSSL, libcurl, libpq, jansson, our
 	 * own buffers) stays well inside this (tests/unit/test_fiber.c pins
 	 * it); the guard below it faults rather than overflow. */
-	worker_pool *pool = worker_pool_start(cfg->workers, cfg->queue_size,
-					      &ops, FIBER_STACK_BYTES);
-	running.pool = pool;
-	fiber_sched *loop = worker_pool_sched(pool);
-	if (batch)
-		store_batch_start(batch, loop);
-	metrics_set_loop(loop);
-	metrics_set_worker_pool(pool);
-	metrics_set_store_batch(batch);
+	p->pool = worker_pool_start(cfg->workers, cfg->queue_size, &p->ops,
+				    FIBER_STACK_BYTES);
+	running.pool = p->pool;
+	p->loop = worker_pool_sched(p->pool);
+	if (p->batch)
+		store_batch_start(p->batch, p->loop);
+	metrics_reading_bind(p->loop_lag, p->loop);
+	worker_pool_publish(p->pool);
+	store_batch_publish(p->batch);
 	export_routes(cfg);
 	front_opts fo = {
 		.listen = cfg->listen,
@@ -349,40 +418,46 @@ static int serve(config *cfg)
 		.max_header_size = cfg->max_header_size,
 		.get_config = get_config,
 		.submit = submit_job,
-		.arg = pool,
+		.arg = p->pool,
 		.fast = proxy_fast_path,
-		.fast_arg = &shared,
+		.fast_arg = &p->shared,
 		/* the front end runs on the workers' thread */
-		.sched = loop,
+		.sched = p->loop,
 	};
-	http_front *front = http_front_start(&fo, err, sizeof err);
-	if (!front) {
+	char err[512];
+	p->front = http_front_start(&fo, err, sizeof err);
+	if (!p->front) {
 		fprintf(stderr, "idemproxy: %s\n", err);
-		metrics_set_loop(NULL);
-		metrics_set_worker_pool(NULL);
-		metrics_set_store_batch(NULL);
-		store_batch_stop(batch);
-		worker_pool_stop(pool);
-		store_batch_free(batch);
-		admin_stop(adm);
-		goto fail;
+		unstart_serving(p);
+		return -1;
 	}
-	notify_listen_ops lo = {listen_wake, listen_connected, wt};
-	notify_listen *nl = notify_listen_start(db_url, &lo);
+	return 0;
+}
+
+/* The threads that work beside the requests: LISTEN and the reaper. */
+static void start_background(parts *p, const config *cfg)
+{
+	static notify_listen_ops lo;
+	lo = (notify_listen_ops){listen_wake, listen_connected, p->wt};
+	p->nl = notify_listen_start(p->db_url, &lo);
 	reaper_config rcfg = reaper_config_of(cfg);
-	reaper *rp = reaper_start(cfg->db_url, &rcfg, cfg->db_citus);
-	running.reaper = rp;
+	p->rp = reaper_start(cfg->db_url, &rcfg, cfg->db_citus);
+	running.reaper = p->rp;
 	log_info("idemproxy started",
 		 "listen=%s admin=%s workers=%d routes=%zu sealing_key=%s",
 		 cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
 		 cfg->workers, cfg->n_routes,
 		 cfg->seal ? seal_keyring_active(cfg->seal) : "off");
+}
 
-	/* The first reload frees cfg: keep the path. */
-	char *file = xstrdup(cfg->file);
+/* Reloads at each SIGHUP; returns the signal that stops the process. */
+static int wait_for_stop(const sigset_t *set, const char *cfg_file)
+{
+	/* The first reload frees the conf: keep the path. */
+	char *file = xstrdup(cfg_file);
 	int sig = 0;
 	for (;;) {
-		if (sigwait(&set, &sig))
+		if (sigwait(set, &sig))
 			continue;
 		if (sig == SIGHUP) {
 			reload(file);
@@ -390,61 +465,102 @@ static int serve(config *cfg)
 		}
 		break;
 	}
+	free(file);
+	return sig;
+}
+
+/* Drains the requests within shutdown_grace, then stops every part in
+ * the order that lets each finish what the one before handed it. */
+static void stop_all(parts *p, int sig)
+{
 	int64_t grace = cfg_current->shutdown_grace_ms;
 	log_info("shutting down", "signal=%d in_flight=%d grace_ms=%lld", sig,
-		 http_front_in_flight(front), (long long)grace);
+		 http_front_in_flight(p->front), (long long)grace);
 	/* Waiting duplicates are answered first: their connections are
 	 * suspended, and must be resumed before the front end stops. */
-	waiters_drain(wt);
+	waiters_drain(p->wt);
 	double deadline = ip_now_ms() + (double)grace;
-	int left = http_front_drain(front, grace);
+	int left = http_front_drain(p->front, grace);
 	if (left > 0) {
 		/* Their records stay processing; the lease rules apply. */
 		log_warn("shutdown grace ended with requests in flight",
 			 "in_flight=%d records_pending=%d", left,
-			 record_retry_pending(retry));
+			 record_retry_pending(p->retry));
 		log_flush(); /* _exit runs no atexit handler */
 		_exit(0);
 	}
-	http_front_stop(front);
-	metrics_set_loop(NULL);
-	admin_stop(adm);
-	reaper_stop(rp);
-	metrics_set_worker_pool(NULL);
-	metrics_set_store_batch(NULL);
+	http_front_stop(p->front);
+	metrics_reading_unbind(p->loop_lag);
+	admin_stop(p->adm);
+	reaper_stop(p->rp);
+	worker_pool_publish(NULL);
+	store_batch_publish(NULL);
 	/* The front end drained: nothing is with a worker now, and anything
 	 * still coming goes alone. */
-	store_batch_stop(batch);
-	worker_pool_stop(pool);
-	store_batch_free(batch);
-	notify_listen_stop(nl);
-	waiters_stop(wt);
+	store_batch_stop(p->batch);
+	worker_pool_stop(p->pool);
+	store_batch_free(p->batch);
+	notify_listen_stop(p->nl);
+	waiters_stop(p->wt);
 	/* Outcomes the workers could not record keep being tried for the
 	 * rest of the grace. */
-	record_retry_stop(retry, deadline);
-	replay_cache_free(cache);
-	log_info("stopped", NULL);
-	log_flush();
-	pthread_mutex_lock(&cfg_mu);
-	config_unref(cfg_current);
-	cfg_current = NULL;
-	pthread_mutex_unlock(&cfg_mu);
-	free(file);
-	free(db_url);
-	config_unref(running.started);
-	return 0;
-fail:
-	waiters_stop(wt);
-	record_retry_stop(retry, 0);
-	replay_cache_free(cache);
-	free(db_url);
+	record_retry_stop(p->retry, deadline);
+	replay_cache_free(p->cache);
+}
+
+/* A part failed to start: what start_shared started goes, and cfg. */
+static int serve_failed(parts *p, config *cfg)
+{
+	waiters_stop(p->wt);
+	record_retry_stop(p->retry, 0);
+	replay_cache_free(p->cache);
+	free(p->db_url);
 	config_unref(running.started);
 	cfg_current = NULL;
 	config_unref(cfg);
 	return 1;
 }
 
-int main(int argc, char **argv)
+static int serve(config *cfg)
+{
+	/* Lives as long as every thread that names a wake-up. */
+	static wake_key wk;
+	sigset_t set;
+	if (prepare_process(cfg, &wk, &set))
+		return 1;
+	cfg_current = cfg;
+	/* Lives as long as the workers that read p.shared. */
+	parts p = {0};
+	p.loop_lag = publish_readings();
+	busy_set_budget_ms(cfg->busy_poll_ms);
+	running.started = config_ref(cfg);
+	start_shared(&p, cfg, &wk);
+	if (start_admin(&p, cfg) || start_serving(&p, cfg))
+		return serve_failed(&p, cfg);
+	start_background(&p, cfg);
+	int sig = wait_for_stop(&set, cfg->file);
+	stop_all(&p, sig);
+	log_info("stopped", NULL);
+	log_flush();
+	pthread_mutex_lock(&cfg_mu);
+	config_unref(cfg_current);
+	cfg_current = NULL;
+	pthread_mutex_unlock(&cfg_mu);
+	free(p.db_url);
+	config_unref(running.started);
+	return 0;
+}
+
+/* What the command line asks for. */
+typedef struct cli {
+	const char *file;
+	bool check, migrate, reenc;
+	int batch;
+} cli;
+
+/* Reads the options into o; returns -1 to go on, else the exit status
+ * (--version, --help, a bad option). */
+static int parse_args(int argc, char **argv, cli *o)
 {
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, 'c'},
@@ -456,29 +572,28 @@ int main(int argc, char **argv)
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
-	const char *file = NULL;
-	bool check = false, migrate = false, reenc = false;
-	int batch = REENCRYPT_BATCH_DEFAULT;
+	*o = (cli){.batch = REENCRYPT_BATCH_DEFAULT};
 	char *end;
 	int c;
 	while ((c = getopt_long(argc, argv, "c:Vh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'c':
-			file = optarg;
+			o->file = optarg;
 			break;
 		case 'k':
-			check = true;
+			o->check = true;
 			break;
 		case 'm':
-			migrate = true;
+			o->migrate = true;
 			break;
 		case 'r':
-			reenc = true;
+			o->reenc = true;
 			break;
 		case 'b':
-			batch = (int)strtol(optarg, &end, 10);
-			if (*end || batch < 1 || batch > 100000) {
-				fprintf(stderr, "idemproxy: --batch: 1..100000\n");
+			o->batch = (int)strtol(optarg, &end, 10);
+			if (*end || o->batch < 1 || o->batch > 100000) {
+				fprintf(stderr,
+					"idemproxy: --batch: 1..100000\n");
 				return 1;
 			}
 			break;
@@ -493,31 +608,43 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	if (!file || optind < argc || check + migrate + reenc > 1) {
+	if (!o->file || optind < argc || o->check + o->migrate + o->reenc > 1) {
 		usage(stderr);
 		return 1;
 	}
+	return -1;
+}
+
+/* --check: the conf is valid; what it routes, and its keys. */
+static int cmd_check(config *cfg, const char *file)
+{
+	printf("%s: OK\n", file);
+	config_print_routes(cfg, stdout);
+	if (cfg->seal)
+		printf("store_encryption: %zu key%s in %s, active \"%s\"\n",
+		       seal_keyring_count(cfg->seal),
+		       seal_keyring_count(cfg->seal) == 1 ? "" : "s",
+		       cfg->seal_keys_file, seal_keyring_active(cfg->seal));
+	config_unref(cfg);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	cli o;
+	int rc = parse_args(argc, argv, &o);
+	if (rc >= 0)
+		return rc;
 	char err[1024];
-	config *cfg = config_load(file, err, sizeof err);
+	config *cfg = config_load(o.file, err, sizeof err);
 	if (!cfg) {
 		fprintf(stderr, "%s\n", err);
 		return 1;
 	}
-	if (check) {
-		printf("%s: OK\n", file);
-		config_print_routes(cfg, stdout);
-		if (cfg->seal)
-			printf("store_encryption: %zu key%s in %s, active "
-			       "\"%s\"\n",
-			       seal_keyring_count(cfg->seal),
-			       seal_keyring_count(cfg->seal) == 1 ? "" : "s",
-			       cfg->seal_keys_file,
-			       seal_keyring_active(cfg->seal));
-		config_unref(cfg);
-		return 0;
-	}
-	if (migrate || reenc) {
-		int rc = migrate ? cmd_migrate(cfg) : cmd_reencrypt(cfg, batch);
+	if (o.check)
+		return cmd_check(cfg, o.file);
+	if (o.migrate || o.reenc) {
+		rc = o.migrate ? cmd_migrate(cfg) : cmd_reencrypt(cfg, o.batch);
 		config_unref(cfg);
 		return rc;
 	}

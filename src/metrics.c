@@ -7,12 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "busy.h"
-#include "fiber.h"
 #include "log.h"
-#include "offload.h"
-#include "store_batch.h"
-#include "worker.h"
 
 /* Counters and histograms are kept per thread: each thread writes only its
  * own shard, without a lock (relaxed atomics, so a scrape reads whole
@@ -112,7 +107,10 @@ static int g_store_up;
 static uint64_t reaper_released, reaper_purged;
 static double reaper_last_success;
 static uint64_t cache_entries, cache_bytes;
-static seal_tally_entry seal_counts[SEAL_TALLY_MAX];
+static struct {
+	char id[METRICS_KEY_ID_MAX + 1];
+	uint64_t n;
+} seal_counts[METRICS_SEAL_KEYS_MAX];
 static size_t n_seal_counts;
 static uint64_t seal_active;
 static int64_t seal_warn_at = INT64_C(2147483648);
@@ -171,43 +169,65 @@ void metrics_wait_outcome(const char *route, const char *outcome)
 	add(F_WAITS, l, 1);
 }
 
-/* Read at each scrape, under mu: metrics_set_worker_pool(NULL) waits for
- * a scrape in progress, so the pool is never read after it stops. */
-static struct worker_pool *g_pool;
+struct metrics_reading {
+	const char *family, *type, *help, *labels;
+	metrics_read_fn read;
+	void *arg;
+	bool bound;
+};
 
-void metrics_set_worker_pool(struct worker_pool *p)
+/* Under mu. */
+static metrics_reading readings[METRICS_MAX_READINGS];
+static int nreadings;
+
+metrics_reading *metrics_reading_add(const char *family, const char *type,
+				     const char *help, const char *labels,
+				     metrics_read_fn read)
 {
 	pthread_mutex_lock(&mu);
-	g_pool = p;
+	metrics_reading *r = NULL;
+	if (nreadings < METRICS_MAX_READINGS) {
+		r = &readings[nreadings++];
+		*r = (metrics_reading){family, type, help, labels, read, NULL,
+				       false};
+	}
+	pthread_mutex_unlock(&mu);
+	return r;
+}
+
+void metrics_reading_bind(metrics_reading *r, void *arg)
+{
+	if (!r)
+		return;
+	pthread_mutex_lock(&mu);
+	r->arg = arg;
+	r->bound = true;
 	pthread_mutex_unlock(&mu);
 }
 
-static struct fiber_sched *g_loop;
-
-void metrics_set_loop(struct fiber_sched *s)
+void metrics_reading_unbind(metrics_reading *r)
 {
+	if (!r)
+		return;
 	pthread_mutex_lock(&mu);
-	g_loop = s;
+	r->arg = NULL;
+	r->bound = false;
 	pthread_mutex_unlock(&mu);
 }
 
-bool metrics_loop_lag_ms(double *lag_ms)
+bool metrics_read(const char *family, double *v)
 {
+	bool known = false;
 	pthread_mutex_lock(&mu);
-	bool known = g_loop != NULL;
-	if (known)
-		*lag_ms = fiber_sched_lag_ms(g_loop);
+	for (int i = 0; i < nreadings; i++)
+		if (!strcmp(readings[i].family, family)) {
+			known = readings[i].bound;
+			if (known)
+				*v = readings[i].read(readings[i].arg);
+			break;
+		}
 	pthread_mutex_unlock(&mu);
 	return known;
-}
-
-static struct store_batch *g_batch;
-
-void metrics_set_store_batch(struct store_batch *b)
-{
-	pthread_mutex_lock(&mu);
-	g_batch = b;
-	pthread_mutex_unlock(&mu);
 }
 
 void metrics_set_waiters(int n)
@@ -340,12 +360,16 @@ void metrics_set_replay_cache(size_t entries, size_t bytes)
 	pthread_mutex_unlock(&mu);
 }
 
-void metrics_set_seal_counts(const seal_tally_entry *e, size_t n,
+void metrics_set_seal_counts(const metrics_key_count *e, size_t n,
 			     uint64_t active, int64_t warn_at)
 {
 	pthread_mutex_lock(&mu);
-	n_seal_counts = n < SEAL_TALLY_MAX ? n : SEAL_TALLY_MAX;
-	memcpy(seal_counts, e, n_seal_counts * sizeof *e);
+	n_seal_counts = n < METRICS_SEAL_KEYS_MAX ? n : METRICS_SEAL_KEYS_MAX;
+	for (size_t i = 0; i < n_seal_counts; i++) {
+		snprintf(seal_counts[i].id, sizeof seal_counts[i].id, "%s",
+			 e[i].id);
+		seal_counts[i].n = e[i].n;
+	}
 	seal_active = active;
 	seal_warn_at = warn_at;
 	pthread_mutex_unlock(&mu);
@@ -480,7 +504,7 @@ static void render_seals(ip_buf *out)
 			   "as stored (updated at each reaper pass).\n"
 			   "# TYPE idemproxy_seal_key_seals gauge\n");
 	for (size_t i = 0; i < n_seal_counts; i++) {
-		char id[SEAL_ID_MAX + 1];
+		char id[METRICS_KEY_ID_MAX + 1];
 		label_copy(id, sizeof id, seal_counts[i].id);
 		ip_buf_printf(out, "idemproxy_seal_key_seals{key=\"%s\"} "
 			      "%llu\n", id,
@@ -505,16 +529,16 @@ static const char *const known_events[] = {
 	"store_batch_failed", "lease_expired", "store_wait_timeout",
 	"store_batch_late"};
 
-void metrics_render(ip_buf *out)
+/* Exports at 0 the series alerts count from the start (the known events,
+ * both kinds of batch), so that their rates start at 0. With mu held. */
+static void seed_known_locked(void)
 {
-	pthread_mutex_lock(&mu);
 	for (size_t i = 0; i < sizeof known_events / sizeof *known_events;
 	     i++) {
 		char l[160];
 		render_labels(l, sizeof l, F_EVENTS, known_events[i], NULL);
 		add_locked(F_EVENTS, l, 0);
 	}
-	/* Likewise both kinds of batch, so that their rates start at 0. */
 	static const char *const kinds[] = {"claim", "record"};
 	for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
 		char l[160];
@@ -522,6 +546,11 @@ void metrics_render(ip_buf *out)
 		add_locked(F_BATCHES, l, 0);
 		add_locked(F_BATCHED, l, 0);
 	}
+}
+
+/* The labelled counters and the histograms. With mu held. */
+static void render_counters(ip_buf *out)
+{
 	int n;
 	series *v = merged(&n);
 	render_family(out, v, n, F_REQUESTS, "Requests by route and outcome.");
@@ -546,36 +575,28 @@ void metrics_render(ip_buf *out)
 				merged_hist(&h_wait, H_WAIT)};
 	for (int i = 0; i < N_HIST; i++)
 		render_histogram(out, &hs[i]);
-	render_scalar(out, "idemproxy_log_lines_dropped_total", "counter",
-		      "Log lines dropped because stderr was not read and the "
-		      "log buffer was full.",
-		      (double)log_lines_dropped());
-	render_scalar(out, "idemproxy_loop_lag_seconds", "gauge",
-		      "How late the serving loop (libmicrohttpd, the workers' "
-		      "fibers, the batch lanes) is in coming round: 0 while "
-		      "it keeps up; above loop_stall_max, /readyz fails.",
-		      g_loop ? fiber_sched_lag_ms(g_loop) / 1000.0 : 0.0);
-	int queued = 0, active = 0;
-	if (g_pool)
-		worker_pool_counts(g_pool, &queued, &active);
-	render_scalar(out, "idemproxy_requests_queued", "gauge",
-		      "Requests accepted and waiting for a worker (at most "
-		      "queue_size; more are answered 503 overloaded).",
-		      (double)queued);
-	render_scalar(out, "idemproxy_workers_busy", "gauge",
-		      "Workers handling a request (at most workers).",
-		      (double)active);
-	int bc = 0, br = 0;
-	if (g_batch)
-		store_batch_queued(g_batch, &bc, &br);
-	ip_buf_printf(out,
-		      "# HELP idemproxy_store_batch_queued First attempts "
-		      "waiting to be claimed or recorded with others (the "
-		      "statement of their kind is with the database).\n"
-		      "# TYPE idemproxy_store_batch_queued gauge\n"
-		      "idemproxy_store_batch_queued{kind=\"claim\"} %d\n"
-		      "idemproxy_store_batch_queued{kind=\"record\"} %d\n",
-		      bc, br);
+}
+
+/* The readings their owners added, in the order added. With mu held. */
+static void render_readings(ip_buf *out)
+{
+	for (int i = 0; i < nreadings; i++) {
+		const metrics_reading *r = &readings[i];
+		if (i == 0 || strcmp(readings[i - 1].family, r->family))
+			ip_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n",
+				      r->family, r->help, r->family, r->type);
+		double v = r->bound ? r->read(r->arg) : 0.0;
+		if (r->labels[0])
+			ip_buf_printf(out, "%s{%s} %.15g\n", r->family,
+				      r->labels, v);
+		else
+			ip_buf_printf(out, "%s %.15g\n", r->family, v);
+	}
+}
+
+/* The values set through metrics_set_* and metrics_reaper. With mu held. */
+static void render_set_values(ip_buf *out)
+{
 	render_scalar(out, "idemproxy_waiters", "gauge",
 		      "Duplicates waiting for an attempt in flight.",
 		      (double)g_waiters);
@@ -601,19 +622,19 @@ void metrics_render(ip_buf *out)
 		      (double)cache_entries);
 	render_scalar(out, "idemproxy_replay_cache_bytes", "gauge",
 		      "Bytes held in the replay cache.", (double)cache_bytes);
-	render_scalar(out, "idemproxy_offload_pending", "gauge",
-		      "CPU work handed to helper threads and not done yet "
-		      "(decoding stored bodies, canonical JSON of large "
-		      "bodies).",
-		      (double)offload_pending());
-	render_scalar(out, "idemproxy_offload_jobs_total", "counter",
-		      "CPU work done by helper threads instead of the serving "
-		      "thread.",
-		      (double)offload_jobs());
-	render_scalar(out, "idemproxy_busy_poll_seconds_total", "counter",
-		      "Time threads spent polling instead of sleeping "
-		      "(busy_poll).",
-		      busy_seconds_total());
+}
+
+void metrics_render(ip_buf *out)
+{
+	pthread_mutex_lock(&mu);
+	seed_known_locked();
+	render_counters(out);
+	render_scalar(out, "idemproxy_log_lines_dropped_total", "counter",
+		      "Log lines dropped because stderr was not read and the "
+		      "log buffer was full.",
+		      (double)log_lines_dropped());
+	render_readings(out);
+	render_set_values(out);
 	render_seals(out);
 	pthread_mutex_unlock(&mu);
 }

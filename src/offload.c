@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "fiber.h"
+#include "metrics.h"
 #include "util.h"
 
 typedef struct offload_job {
@@ -114,4 +115,25 @@ unsigned long offload_jobs(void)
 int offload_pending(void)
 {
 	return atomic_load(&pool.pending);
+}
+
+static double read_pending(void *arg) { return offload_pending(); }
+static double read_jobs(void *arg) { return (double)offload_jobs(); }
+
+void offload_publish(void)
+{
+	metrics_reading_bind(
+		metrics_reading_add(
+			"idemproxy_offload_pending", "gauge",
+			"CPU work handed to helper threads and not done yet "
+			"(decoding stored bodies, canonical JSON of large "
+			"bodies).",
+			"", read_pending),
+		NULL);
+	metrics_reading_bind(
+		metrics_reading_add("idemproxy_offload_jobs_total", "counter",
+				    "CPU work done by helper threads instead "
+				    "of the serving thread.",
+				    "", read_jobs),
+		NULL);
 }

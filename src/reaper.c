@@ -78,6 +78,10 @@ static int sweep_pages(int batch)
 	return batch / 10 > 0 ? batch / 10 : 1;
 }
 
+_Static_assert(SEAL_ID_MAX <= METRICS_KEY_ID_MAX &&
+		       SEAL_TALLY_MAX <= METRICS_SEAL_KEYS_MAX,
+	       "the metrics keep every key id the store can name");
+
 /* Moves this process's seal tally to the store, exports every key's
  * total, and warns (once per key) when the active key reaches warn_seals.
  * A tally that could not be written is kept for the next pass. */
@@ -97,7 +101,10 @@ static void seal_pass(reaper *r, const reaper_settings *set)
 	for (size_t i = 0; i < nall && set->seal_active[0]; i++)
 		if (!strcmp(all[i].id, set->seal_active))
 			active = all[i].n;
-	metrics_set_seal_counts(all, nall, active, set->seal_warn);
+	metrics_key_count shown[SEAL_TALLY_MAX];
+	for (size_t i = 0; i < nall; i++)
+		shown[i] = (metrics_key_count){all[i].id, all[i].n};
+	metrics_set_seal_counts(shown, nall, active, set->seal_warn);
 	if (!set->seal_active[0] || active < (uint64_t)set->seal_warn ||
 	    !strcmp(r->seal_warned, set->seal_active))
 		return;

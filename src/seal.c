@@ -446,42 +446,48 @@ void seal_seal(const seal_keyring *k, const seal_scope *s,
 	ip_buf_free(&ad);
 }
 
-int seal_open(const seal_keyring *k, const seal_scope *s, enum seal_field f,
-	      const char *blob, size_t n, ip_buf *out, char *err,
-	      size_t errlen)
+/* The key a blob names, into id: its index in k, or -1 with the reason
+ * in err. */
+static int open_key(const seal_keyring *k, enum seal_field f,
+		    const char *blob, size_t n, size_t *head,
+		    char id[SEAL_ID_MAX + 1], char *err, size_t errlen)
 {
-	ip_buf_reset(out);
-	size_t head = blob_head(blob, n);
-	if (!head) {
+	*head = blob_head(blob, n);
+	if (!*head) {
 		snprintf(err, errlen, "malformed sealed %s",
 			 f == SEAL_HEADERS ? "headers" : "body");
 		return -1;
 	}
-	char id[SEAL_ID_MAX + 1];
-	memcpy(id, blob + 3, head - 3);
-	id[head - 3] = '\0';
-	int ki = k ? find_id(k, id, head - 3) : -1;
-	if (ki < 0) {
+	memcpy(id, blob + 3, *head - 3);
+	id[*head - 3] = '\0';
+	int ki = k ? find_id(k, id, *head - 3) : -1;
+	if (ki < 0)
 		snprintf(err, errlen,
 			 "sealed under key \"%s\", which the key file does "
 			 "not hold%s",
 			 id, k ? "" : " (store_encryption is not configured)");
-		return -1;
-	}
-	const uint8_t *nonce = (const uint8_t *)blob + head;
+	return ki;
+}
+
+/* Decrypts and authenticates the blob after its head under key into out;
+ * false when it does not authenticate (out then holds nothing). */
+static bool open_blob(const uint8_t *key, const EVP_CIPHER *cipher,
+		      const seal_scope *s, enum seal_field f,
+		      const uint8_t *blob, size_t n, size_t head, ip_buf *out)
+{
+	const uint8_t *nonce = blob + head;
 	const uint8_t *ct = nonce + SEAL_NONCE_LEN;
 	size_t ct_len = n - head - SEAL_NONCE_LEN - SEAL_TAG_LEN;
 	const uint8_t *tag = ct + ct_len;
 
 	ip_buf ad = {0};
-	build_ad(s, f, (const uint8_t *)blob, head, &ad);
+	build_ad(s, f, blob, head, &ad);
 	ip_buf_reserve(out, ct_len + 16);
 	EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
 	IP_ASSERT(c);
 	int len = 0;
 	uint8_t *dst = (uint8_t *)out->data;
-	bool ok = EVP_DecryptInit_ex2(c, k->cipher, k->keys[ki].key, nonce,
-				      NULL) &&
+	bool ok = EVP_DecryptInit_ex2(c, cipher, key, nonce, NULL) &&
 		  EVP_DecryptUpdate(c, NULL, &len, (const uint8_t *)ad.data,
 				    (int)ad.len);
 	size_t done = 0;
@@ -498,13 +504,30 @@ int seal_open(const seal_keyring *k, const seal_scope *s, enum seal_field f,
 		/* Nothing of an unauthenticated plaintext is handed out. */
 		OPENSSL_cleanse(out->data, ct_len);
 		ip_buf_reset(out);
+		return false;
+	}
+	out->len = done + (size_t)len;
+	out->data[out->len] = '\0';
+	return true;
+}
+
+int seal_open(const seal_keyring *k, const seal_scope *s, enum seal_field f,
+	      const char *blob, size_t n, ip_buf *out, char *err,
+	      size_t errlen)
+{
+	ip_buf_reset(out);
+	size_t head;
+	char id[SEAL_ID_MAX + 1];
+	int ki = open_key(k, f, blob, n, &head, id, err, errlen);
+	if (ki < 0)
+		return -1;
+	if (!open_blob(k->keys[ki].key, k->cipher, s, f,
+		       (const uint8_t *)blob, n, head, out)) {
 		snprintf(err, errlen,
 			 "sealed %s under key \"%s\" does not authenticate "
 			 "(altered, or copied from another record)",
 			 f == SEAL_HEADERS ? "headers" : "body", id);
 		return -1;
 	}
-	out->len = done + (size_t)len;
-	out->data[out->len] = '\0';
 	return 0;
 }

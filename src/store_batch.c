@@ -515,3 +515,39 @@ int store_batch_complete(const store_batch_use *u, const complete_req *q,
 		store_notify_waiters(u->own, q->k);
 	return rc;
 }
+
+static double read_claims(void *arg)
+{
+	int claims, records;
+	store_batch_queued(arg, &claims, &records);
+	return claims;
+}
+
+static double read_records(void *arg)
+{
+	int claims, records;
+	store_batch_queued(arg, &claims, &records);
+	return records;
+}
+
+void store_batch_publish(store_batch *b)
+{
+	static const char family[] = "idemproxy_store_batch_queued";
+	static const char help[] =
+		"First attempts waiting to be claimed or recorded with others "
+		"(the statement of their kind is with the database).";
+	static metrics_reading *claims, *records;
+	if (!claims) {
+		claims = metrics_reading_add(family, "gauge", help,
+					     "kind=\"claim\"", read_claims);
+		records = metrics_reading_add(family, "gauge", help,
+					      "kind=\"record\"", read_records);
+	}
+	if (b) {
+		metrics_reading_bind(claims, b);
+		metrics_reading_bind(records, b);
+	} else {
+		metrics_reading_unbind(claims);
+		metrics_reading_unbind(records);
+	}
+}

@@ -5,6 +5,7 @@
 
 #include "busy.h"
 #include "fiber.h"
+#include "metrics.h"
 
 /* The workers are fibers on one scheduler thread (fiber.h). Idle workers
  * park on a stack: the one that went idle last is woken first. At low load
@@ -197,4 +198,41 @@ void worker_pool_stop(worker_pool *p)
 fiber_sched *worker_pool_sched(worker_pool *p)
 {
 	return p->sched;
+}
+
+static double read_queued(void *arg)
+{
+	int queued, active;
+	worker_pool_counts(arg, &queued, &active);
+	return queued;
+}
+
+static double read_active(void *arg)
+{
+	int queued, active;
+	worker_pool_counts(arg, &queued, &active);
+	return active;
+}
+
+void worker_pool_publish(worker_pool *p)
+{
+	static metrics_reading *queued, *busy;
+	if (!queued) {
+		queued = metrics_reading_add(
+			"idemproxy_requests_queued", "gauge",
+			"Requests accepted and waiting for a worker (at most "
+			"queue_size; more are answered 503 overloaded).",
+			"", read_queued);
+		busy = metrics_reading_add(
+			"idemproxy_workers_busy", "gauge",
+			"Workers handling a request (at most workers).", "",
+			read_active);
+	}
+	if (p) {
+		metrics_reading_bind(queued, p);
+		metrics_reading_bind(busy, p);
+	} else {
+		metrics_reading_unbind(queued);
+		metrics_reading_unbind(busy);
+	}
 }

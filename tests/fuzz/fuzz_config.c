@@ -76,7 +76,7 @@ static void check_route(const config *c, size_t i)
 	char *norm = xmalloc(pl + 1);
 	const char *why;
 	IP_ASSERT(pathtpl_normalize(r->path, pl, norm, &nl, &why) == 0);
-	const route_cfg *m = config_match_route(c, norm, nl);
+	const route_cfg *m = route_match(c->routes, c->n_routes, norm, nl);
 	IP_ASSERT(m != NULL && m <= r);
 	free(norm);
 	(void)route_has_method(r, "POST");

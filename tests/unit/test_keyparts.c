@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "job.h"
+#include "http_msg.h"
 #include "jsonptr.h"
 #include "keyparts.h"
 

@@ -36,7 +36,7 @@ static bool m(const pathtpl *t, const char *path)
 	return pathtpl_match(t, path, strlen(path));
 }
 
-/* Normalises path first, as config_match_route's caller does. */
+/* Normalises path first, as route_match's caller does. */
 static bool nm(const pathtpl *t, const char *path)
 {
 	size_t n = strlen(path), k;
