@@ -286,6 +286,19 @@ def test_same_body_never_mismatch():
         ["same_body_not_mismatch"]
 
 
+def test_known_outcome_kept_after_the_record_expired():
+    stuck = [{"key": "a", "kind": "replay", "final": False, "cause": "in_use"}]
+    ttl = {"/v1/refunds": 4}
+    # sent again 5 s later on a 4 s ttl route: a new key, whose own attempt
+    # may be in flight
+    again = [up(1, "a", 0, 0.2, target="/v1/refunds"), up(2, "a", 5, 5.1, target="/v1/refunds")]
+    assert c.check_known_outcome_kept(stuck, ups=again, ttl_by_target=ttl) == []
+    # within the ttl it is the same key: stuck behind 409 is a violation
+    soon = [up(1, "a", 0, 0.2, target="/v1/refunds"), up(2, "a", 2, 2.1, target="/v1/refunds")]
+    v = c.check_known_outcome_kept(stuck, ups=soon, ttl_by_target=ttl)
+    assert names(v) == ["known_outcome_kept"]
+
+
 def test_known_outcome_kept():
     assert c.check_known_outcome_kept([{"key": "a", "kind": "replay", "final": True,
                                         "cause": "ok"},
