@@ -21,7 +21,7 @@ enum idem_action {
 #define IDEM_JWT_ISSUER_MAX ROUTE_JWT_ISSUER_MAX
 /* The stored tenant names its source: "NAME" for static:NAME (no ':'),
  * "header:VALUE", "authorization:HEX", "jwt:ISSUER:VALUE" (ISSUER escaped
- * by ip_pct_escape, so the first ':' after it ends it). */
+ * by pct_escape, so the first ':' after it ends it). */
 #define IDEM_TENANT_STORED_MAX (IDEM_TENANT_MAX + IDEM_JWT_ISSUER_MAX + 16)
 /* A quoted key with every character escaped. */
 #define IDEM_KEY_HEADER_MAX (2 * IDKEY_MAX + 2)
@@ -68,7 +68,7 @@ void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1]);
  * rest lower: "bearer" and "BEARER" are "Bearer"), one space before the
  * credentials, which stay as they are (they are case-sensitive). Appended to
  * out; empty for a value that is only whitespace. */
-void idem_canonical_credentials(const char *value, ip_buf *out);
+void idem_canonical_credentials(const char *value, growbuf *out);
 
 enum idem_record {
 	REC_COMPLETE,     /* completed: replay later */
@@ -96,7 +96,7 @@ int64_t idem_retry_after_s(int64_t ms);
 /* The stored form of the replayable headers: "Name: value\r\n" for each
  * response header named in the route's replay_headers. */
 void idem_encode_replay_headers(const route_cfg *r, const header_list *h,
-				ip_buf *out);
+				growbuf *out);
 /* And back. Lines that do not parse are skipped. */
 void idem_decode_replay_headers(const char *s, size_t len, header_list *out);
 

@@ -16,6 +16,6 @@
  * into out, its length into *out_len, returns 0. On failure returns -1 and
  * sets *why to a static human-readable reason. */
 int idkey_parse(const char *value, size_t len, char out[IDKEY_MAX + 1],
-		size_t *out_len, const char **why) IP_WUR;
+		size_t *out_len, const char **why) MUST_CHECK;
 
 #endif

@@ -22,7 +22,7 @@ typedef struct job {
 	size_t path_len;       /* length of the path part of target */
 	char *version;         /* "HTTP/1.1" */
 	header_list req_headers;
-	ip_buf body;
+	growbuf body;
 	char client_ip[64];
 	char request_id[64];
 	double t_start_ms;
@@ -35,7 +35,7 @@ typedef struct job {
 	/* response */
 	int status;
 	header_list resp_headers;
-	ip_buf resp_body;
+	growbuf resp_body;
 
 	/* the per-request log line */
 	const char *route_name;

@@ -40,9 +40,10 @@ typedef struct keyparts {
 /* Parses one "header:NAME", "query:NAME" or "body:/json/pointer" into out.
  * On error writes why and returns -1. */
 int keyparts_parse_part(const char *spec, keypart *out, char *why,
-			size_t whylen) IP_WUR;
+			size_t whylen) MUST_CHECK;
 /* Adds a parsed part (taking it over); refuses a duplicate or a ninth. */
-int keyparts_add(keyparts *kp, keypart *part, char *why, size_t whylen) IP_WUR;
+int keyparts_add(keyparts *kp, keypart *part, char *why,
+		 size_t whylen) MUST_CHECK;
 void keyparts_free(keyparts *kp);
 
 /* Is header name one of the parts? */

@@ -24,7 +24,7 @@ enum tenant_kind {
 	TENANT_JWT,
 };
 
-/* A jwt route's issuer, escaped by ip_pct_escape, is at most this long: it
+/* A jwt route's issuer, escaped by pct_escape, is at most this long: it
  * is part of every stored tenant of the route. */
 #define ROUTE_JWT_ISSUER_MAX 255
 

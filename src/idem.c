@@ -32,7 +32,7 @@ static bool is_ows(char c)
 	return c == ' ' || c == '\t';
 }
 
-void idem_canonical_credentials(const char *v, ip_buf *out)
+void idem_canonical_credentials(const char *v, growbuf *out)
 {
 	const char *end = v + strlen(v);
 	while (v < end && is_ows(*v))
@@ -48,13 +48,13 @@ void idem_canonical_credentials(const char *v, ip_buf *out)
 	for (const char *c = v; c < sp; c++) {
 		char ch = (char)(c == v ? toupper((unsigned char)*c)
 					: tolower((unsigned char)*c));
-		ip_buf_append(out, &ch, 1);
+		growbuf_append(out, &ch, 1);
 	}
 	while (sp < end && is_ows(*sp))
 		sp++;
 	if (sp < end) {
-		ip_buf_append(out, " ", 1);
-		ip_buf_append(out, sp, (size_t)(end - sp));
+		growbuf_append(out, " ", 1);
+		growbuf_append(out, sp, (size_t)(end - sp));
 	}
 }
 
@@ -71,11 +71,11 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 		return false;
 	}
 	const char *auth = header_list_get(h, "Authorization");
-	ip_buf cred = {0};
+	growbuf cred = {0};
 	if (auth)
 		idem_canonical_credentials(auth, &cred);
 	if (cred.len <= 7 || strncmp(cred.data, "Bearer ", 7) != 0) {
-		ip_buf_free(&cred);
+		growbuf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
 		       "this route needs an Authorization: Bearer JWT header");
 		return false;
@@ -85,7 +85,7 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 		jwt_verify(r->jwt, cred.data + 7, cred.len - 7, now_ms,
 			   r->tenant_arg, value, sizeof value, detail,
 			   sizeof detail);
-	ip_buf_free(&cred);
+	growbuf_free(&cred);
 	if (jr == JWT_INVALID) {
 		reject(p, 401, "credentials_invalid", "rejected", detail);
 		return false;
@@ -97,7 +97,7 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 	/* Scoped by the issuer: after the route's issuer changes, a subject
 	 * of the new one is never the old one's namesake. */
 	char iss[IDEM_JWT_ISSUER_MAX + 1];
-	ip_pct_escape(r->jwt->issuer, iss, sizeof iss);
+	pct_escape(r->jwt->issuer, iss, sizeof iss);
 	snprintf(p->tenant, sizeof p->tenant, "jwt:%s:%s", iss, value);
 	return true;
 }
@@ -147,11 +147,11 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 		return false;
 	}
 	const char *auth = header_list_get(h, "Authorization");
-	ip_buf cred = {0};
+	growbuf cred = {0};
 	if (auth)
 		idem_canonical_credentials(auth, &cred);
 	if (cred.len == 0) {
-		ip_buf_free(&cred);
+		growbuf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
 		       "this route needs an Authorization header");
 		return false;
@@ -159,9 +159,9 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 	/* Each credential is its own scope; only its hash is ever stored. */
 	uint8_t md[SHA256_DIGEST_LENGTH];
 	SHA256((const unsigned char *)cred.data, cred.len, md);
-	ip_buf_free(&cred);
+	growbuf_free(&cred);
 	char hex[2 * SHA256_DIGEST_LENGTH + 1];
-	ip_hex(md, sizeof md, hex);
+	hex_encode(md, sizeof md, hex);
 	snprintf(p->tenant, sizeof p->tenant, "authorization:%s", hex);
 	return true;
 }
@@ -288,27 +288,27 @@ int64_t idem_retry_after_s(int64_t ms)
 static bool is_replay_header(const route_cfg *r, const char *name)
 {
 	for (size_t i = 0; i < r->replay_headers.n; i++)
-		if (ip_strcaseeq(name, r->replay_headers.v[i]))
+		if (str_caseeq(name, r->replay_headers.v[i]))
 			return true;
 	return false;
 }
 
 void idem_encode_replay_headers(const route_cfg *r, const header_list *h,
-				ip_buf *out)
+				growbuf *out)
 {
 	for (size_t i = 0; i < h->n; i++) {
 		const http_header *x = &h->v[i];
 		/* Set-Cookie and Date are never replayed, whatever the conf
 		 * says (the loader refuses them too); the content coding is
 		 * part of the body and always goes with it. */
-		if (ip_strcaseeq(x->name, "Set-Cookie") ||
-		    ip_strcaseeq(x->name, "Date") ||
+		if (str_caseeq(x->name, "Set-Cookie") ||
+		    str_caseeq(x->name, "Date") ||
 		    (!is_replay_header(r, x->name) &&
-		     !ip_strcaseeq(x->name, "Content-Encoding")))
+		     !str_caseeq(x->name, "Content-Encoding")))
 			continue;
 		if (strpbrk(x->value, "\r\n"))
 			continue;
-		ip_buf_printf(out, "%s: %s\r\n", x->name, x->value);
+		growbuf_printf(out, "%s: %s\r\n", x->name, x->value);
 	}
 }
 
@@ -339,7 +339,7 @@ void idem_decode_replay_headers(const char *s, size_t len, header_list *out)
 static int64_t prefer_wait_s(const header_list *h)
 {
 	for (size_t i = 0; i < h->n; i++) {
-		if (!ip_strcaseeq(h->v[i].name, "Prefer"))
+		if (!str_caseeq(h->v[i].name, "Prefer"))
 			continue;
 		const char *p = h->v[i].value;
 		while (*p) {
@@ -350,7 +350,7 @@ static int64_t prefer_wait_s(const header_list *h)
 			       *p != ' ' && *p != '\t')
 				p++;
 			bool is_wait = p - name == 4 &&
-				       ip_strncaseeq(name, "wait", 4);
+				       str_ncaseeq(name, "wait", 4);
 			while (*p == ' ' || *p == '\t')
 				p++;
 			if (is_wait && *p == '=') {

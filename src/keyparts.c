@@ -53,7 +53,7 @@ int keyparts_parse_part(const char *spec, keypart *out, char *why,
 				      spec, spec + 7);
 		out->source = KP_HEADER;
 		out->name = xstrdup(spec + 7);
-		out->idkey = ip_strcaseeq(out->name, "Idempotency-Key");
+		out->idkey = str_caseeq(out->name, "Idempotency-Key");
 	} else if (strncmp(spec, "query:", 6) == 0) {
 		if (!visible(spec + 6))
 			return KP_WHY(why, whylen,
@@ -93,7 +93,7 @@ static bool same_part(const keypart *a, const keypart *b)
 	if (a->source != b->source)
 		return false;
 	if (a->source == KP_HEADER)
-		return ip_strcaseeq(a->name, b->name);
+		return str_caseeq(a->name, b->name);
 	if (a->source == KP_QUERY)
 		return strcmp(a->name, b->name) == 0;
 	return strcmp(a->ptr->text, b->ptr->text) == 0;
@@ -134,7 +134,7 @@ bool keyparts_uses_header(const keyparts *kp, const char *name)
 {
 	for (size_t i = 0; kp && i < kp->n; i++)
 		if (kp->v[i].source == KP_HEADER &&
-		    ip_strcaseeq(kp->v[i].name, name))
+		    str_caseeq(kp->v[i].name, name))
 			return true;
 	return false;
 }
@@ -180,7 +180,7 @@ static enum keyparts_result check_value(keyparts_key *out, const keypart *p,
 
 static enum keyparts_result header_part(const keypart *p,
 					const keyparts_request *rq,
-					keyparts_key *out, ip_buf *val)
+					keyparts_key *out, growbuf *val)
 {
 	size_t count = header_list_count(rq->headers, p->name);
 	const char *v = header_list_get(rq->headers, p->name);
@@ -194,7 +194,7 @@ static enum keyparts_result header_part(const keypart *p,
 	if (count > 1)
 		return invalid(out, p, "is sent more than once");
 	if (!p->idkey) {
-		ip_buf_puts(val, v);
+		growbuf_puts(val, v);
 		return check_value(out, p, v, strlen(v));
 	}
 	size_t klen;
@@ -205,7 +205,7 @@ static enum keyparts_result header_part(const keypart *p,
 		out->idkey[0] = '\0';
 		return KEYPARTS_INVALID;
 	}
-	ip_buf_append(val, out->idkey, klen);
+	growbuf_append(val, out->idkey, klen);
 	return KEYPARTS_OK;
 }
 
@@ -218,7 +218,7 @@ static int hexval(char c)
 }
 
 /* application/x-www-form-urlencoded: '+' is a space, %XX a byte. */
-static int form_decode(const char *s, size_t n, ip_buf *out)
+static int form_decode(const char *s, size_t n, growbuf *out)
 {
 	for (size_t i = 0; i < n; i++) {
 		char c = s[i];
@@ -233,14 +233,14 @@ static int form_decode(const char *s, size_t n, ip_buf *out)
 		} else if (c == '+') {
 			c = ' ';
 		}
-		ip_buf_append(out, &c, 1);
+		growbuf_append(out, &c, 1);
 	}
 	return 0;
 }
 
 static enum keyparts_result query_part(const keypart *p,
 				       const keyparts_request *rq,
-				       keyparts_key *out, ip_buf *val)
+				       keyparts_key *out, growbuf *val)
 {
 	const char *s = rq->query ? rq->query : "";
 	size_t n = rq->query ? rq->query_len : 0, found = 0;
@@ -250,16 +250,16 @@ static enum keyparts_result query_part(const keypart *p,
 		size_t e = amp ? (size_t)(amp - s) : n;
 		const char *eq = memchr(s + i, '=', e - i);
 		size_t ne = eq ? (size_t)(eq - s) : e;
-		ip_buf name = {0};
+		growbuf name = {0};
 		if (form_decode(s + i, ne - i, &name) == 0 && name.len &&
 		    strlen(p->name) == name.len &&
 		    memcmp(name.data, p->name, name.len) == 0) {
 			found++;
-			ip_buf_reset(val);
+			growbuf_reset(val);
 			size_t vs = eq ? ne + 1 : e;
 			bad = form_decode(s + vs, e - vs, val) < 0;
 		}
-		ip_buf_free(&name);
+		growbuf_free(&name);
 		i = e + 1;
 		if (!amp)
 			break;
@@ -317,7 +317,7 @@ static void check_body(const keyparts_request *rq, body_state *b)
 
 static enum keyparts_result body_part(const keypart *p,
 				      const keyparts_request *rq,
-				      keyparts_key *out, ip_buf *val,
+				      keyparts_key *out, growbuf *val,
 				      body_state *b)
 {
 	if (b->checked == 0)
@@ -352,7 +352,7 @@ static enum keyparts_result body_part(const keypart *p,
 				       "a number");
 	default:
 		/* A number, as the client wrote it. */
-		ip_buf_append(val, v, n);
+		growbuf_append(val, v, n);
 		return check_value(out, p, v, n);
 	}
 }
@@ -367,13 +367,13 @@ static bool any_present(const keyparts *kp, const keyparts_request *rq)
 			return true;
 		if (p->source == KP_QUERY || p->source == KP_BODY) {
 			keyparts_key scratch;
-			ip_buf v = {0};
+			growbuf v = {0};
 			body_state b = {0};
 			enum keyparts_result r =
 				p->source == KP_QUERY
 					? query_part(p, rq, &scratch, &v)
 					: body_part(p, rq, &scratch, &v, &b);
-			ip_buf_free(&v);
+			growbuf_free(&v);
 			if (r != KEYPARTS_MISSING)
 				return true;
 		}
@@ -386,12 +386,12 @@ enum keyparts_result keyparts_key_of(const keyparts *kp,
 				     keyparts_key *out)
 {
 	out->key[0] = out->idkey[0] = out->detail[0] = '\0';
-	ip_buf joined = {0}, val = {0};
+	growbuf joined = {0}, val = {0};
 	body_state b = {0};
 	enum keyparts_result r = KEYPARTS_OK;
 	for (size_t i = 0; r == KEYPARTS_OK && i < kp->n; i++) {
 		const keypart *p = &kp->v[i];
-		ip_buf_reset(&val);
+		growbuf_reset(&val);
 		if (p->source == KP_HEADER)
 			r = header_part(p, rq, out, &val);
 		else if (p->source == KP_QUERY)
@@ -401,10 +401,10 @@ enum keyparts_result keyparts_key_of(const keyparts *kp,
 		if (r != KEYPARTS_OK)
 			break;
 		if (kp->bare)
-			ip_buf_append(&joined, val.data, val.len);
+			growbuf_append(&joined, val.data, val.len);
 		else
-			ip_buf_printf(&joined, "%zu:%.*s,", val.len,
-				      (int)val.len, val.data ? val.data : "");
+			growbuf_printf(&joined, "%zu:%.*s,", val.len,
+				       (int)val.len, val.data ? val.data : "");
 	}
 	if (r == KEYPARTS_OK && joined.len > KEYPARTS_KEY_MAX) {
 		snprintf(out->detail, sizeof out->detail,
@@ -415,8 +415,8 @@ enum keyparts_result keyparts_key_of(const keyparts *kp,
 	}
 	if (r == KEYPARTS_OK)
 		memcpy(out->key, joined.data, joined.len + 1);
-	ip_buf_free(&joined);
-	ip_buf_free(&val);
+	growbuf_free(&joined);
+	growbuf_free(&val);
 	/* Only a missing part needs the question answered. */
 	if (r == KEYPARTS_MISSING && !any_present(kp, rq))
 		return KEYPARTS_NONE;

@@ -39,10 +39,10 @@ typedef struct proxy_worker {
 	store *st;
 	struct store_batch *batch; /* NULL: none (threads, Citus) */
 	upstream *up;
-	ip_buf scratch;
-	ip_buf sealed_h, sealed_b; /* a response as stored, when sealed */
-	ip_buf plain_h, plain_b;   /* a sealed record, opened */
-	ip_buf raw;                /* a request's raw form, for the cache */
+	growbuf scratch;
+	growbuf sealed_h, sealed_b; /* a response as stored, when sealed */
+	growbuf plain_h, plain_b;   /* a sealed record, opened */
+	growbuf raw;                /* a request's raw form, for the cache */
 } proxy_worker;
 
 void *proxy_worker_init(void *arg, int index)
@@ -72,12 +72,12 @@ void proxy_worker_fini(void *ctx)
 	proxy_worker *w = ctx;
 	store_free(w->st);
 	upstream_free(w->up);
-	ip_buf_free(&w->scratch);
-	ip_buf_free(&w->sealed_h);
-	ip_buf_free(&w->sealed_b);
-	ip_buf_free(&w->plain_h);
-	ip_buf_free(&w->plain_b);
-	ip_buf_free(&w->raw);
+	growbuf_free(&w->scratch);
+	growbuf_free(&w->sealed_h);
+	growbuf_free(&w->sealed_b);
+	growbuf_free(&w->plain_h);
+	growbuf_free(&w->plain_b);
+	growbuf_free(&w->raw);
 	free(w);
 }
 
@@ -86,7 +86,7 @@ static bool named_in_connection(const header_list *h, const char *name)
 {
 	size_t nlen = strlen(name);
 	for (size_t i = 0; i < h->n; i++) {
-		if (!ip_strcaseeq(h->v[i].name, "Connection"))
+		if (!str_caseeq(h->v[i].name, "Connection"))
 			continue;
 		const char *p = h->v[i].value;
 		while (*p) {
@@ -99,7 +99,7 @@ static bool named_in_connection(const header_list *h, const char *name)
 			while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
 				e--;
 			if ((size_t)(e - s) == nlen &&
-			    ip_strncaseeq(s, name, nlen))
+			    str_ncaseeq(s, name, nlen))
 				return true;
 		}
 	}
@@ -111,12 +111,12 @@ static bool named_in_connection(const header_list *h, const char *name)
  * by naming them in Connection: the upstream must see what was claimed. */
 static bool is_identity_header(const job *j, const char *name)
 {
-	if (ip_strcaseeq(name, "Idempotency-Key") ||
-	    ip_strcaseeq(name, "Authorization"))
+	if (str_caseeq(name, "Idempotency-Key") ||
+	    str_caseeq(name, "Authorization"))
 		return true;
 	const route_cfg *r = j->plan ? j->plan->route : NULL;
 	return r && ((r->tenant_kind == TENANT_HEADER &&
-		      ip_strcaseeq(name, r->tenant_arg)) ||
+		      str_caseeq(name, r->tenant_arg)) ||
 		     keyparts_uses_header(&r->key_from, name));
 }
 
@@ -131,40 +131,40 @@ static void build_upstream_headers(const job *j, header_list *out)
 	for (size_t i = 0; i < in->n; i++) {
 		const http_header *h = &in->v[i];
 		if (upstream_is_hop_header(h->name) ||
-		    ip_strcaseeq(h->name, "Host") ||
-		    ip_strcaseeq(h->name, "Expect") ||
+		    str_caseeq(h->name, "Host") ||
+		    str_caseeq(h->name, "Expect") ||
 		    (!is_identity_header(j, h->name) &&
 		     named_in_connection(in, h->name)))
 			continue;
-		if (ip_strcaseeq(h->name, "X-Forwarded-For")) {
+		if (str_caseeq(h->name, "X-Forwarded-For")) {
 			xff = h->value;
 			continue;
 		}
-		if (claimed && ip_strcaseeq(h->name, "Accept-Encoding"))
+		if (claimed && str_caseeq(h->name, "Accept-Encoding"))
 			continue;
 		/* Every attempt carries the key as it was claimed, in one
 		 * spelling, whatever spelling this attempt's client used. */
 		if (claimed && j->plan->key_header[0] &&
-		    ip_strcaseeq(h->name, "Idempotency-Key")) {
+		    str_caseeq(h->name, "Idempotency-Key")) {
 			const char *k = j->plan->key_header;
 			header_list_add(out, h->name, strlen(h->name), k,
 					strlen(k));
 			continue;
 		}
-		if (ip_strcaseeq(h->name, "X-Forwarded-Proto"))
+		if (str_caseeq(h->name, "X-Forwarded-Proto"))
 			has_proto = true;
-		if (ip_strcaseeq(h->name, "X-Forwarded-Host"))
+		if (str_caseeq(h->name, "X-Forwarded-Host"))
 			has_fwd_host = true;
-		if (ip_strcaseeq(h->name, "X-Request-Id"))
+		if (str_caseeq(h->name, "X-Request-Id"))
 			has_rid = true;
 		header_list_add(out, h->name, strlen(h->name), h->value,
 				strlen(h->value));
 	}
-	ip_buf v = {0};
+	growbuf v = {0};
 	if (xff)
-		ip_buf_printf(&v, "%s, %s", xff, j->client_ip);
+		growbuf_printf(&v, "%s, %s", xff, j->client_ip);
 	else
-		ip_buf_puts(&v, j->client_ip);
+		growbuf_puts(&v, j->client_ip);
 	header_list_add(out, "X-Forwarded-For", 15, v.data, v.len);
 	if (!has_proto)
 		header_list_add(out, "X-Forwarded-Proto", 17, "http", 4);
@@ -176,7 +176,7 @@ static void build_upstream_headers(const job *j, header_list *out)
 				strlen(j->request_id));
 	if (claimed && coding_upstream_accept(in, &v))
 		header_list_add(out, "Accept-Encoding", 15, v.data, v.len);
-	ip_buf_free(&v);
+	growbuf_free(&v);
 }
 
 /* Responses above max_stored_response still pass through; beyond this hard
@@ -222,7 +222,7 @@ static void pass_response(job *j, upstream_resp *resp)
 	header_list_free(&j->resp_headers);
 	j->resp_headers = resp->headers;
 	memset(&resp->headers, 0, sizeof resp->headers);
-	ip_buf_free(&j->resp_body);
+	growbuf_free(&j->resp_body);
 	j->resp_body = resp->body;
 	memset(&resp->body, 0, sizeof resp->body);
 }
@@ -280,7 +280,7 @@ static void fp_job_run(void *arg)
 /* The fingerprint of j's request into fp, or (fp NULL) its raw form into
  * raw; false when the raw form is larger than RAW_FORM_MAX. */
 static bool fingerprint_of(const job *j, const route_cfg *r,
-			   uint8_t fp[FP_LEN], ip_buf *raw)
+			   uint8_t fp[FP_LEN], growbuf *raw)
 {
 	size_t n = r->fingerprint_headers.n;
 	const char *one[1];
@@ -328,7 +328,7 @@ typedef struct decode_job {
 	const char *ce, *in;
 	size_t len;
 	int64_t max;
-	ip_buf *out;
+	growbuf *out;
 	char err[160];
 	int rc;
 } decode_job;
@@ -346,8 +346,8 @@ static void decode_job_run(void *arg)
  * cannot be decoded is replayed as stored, labelled with its coding. */
 static void replay_body(job *j, const char *body, size_t body_len)
 {
-	ip_buf ce = {0};
-	ip_buf_reset(&j->resp_body);
+	growbuf ce = {0};
+	growbuf_reset(&j->resp_body);
 	if (coding_of(&j->resp_headers, &ce) &&
 	    !coding_accepted(&j->req_headers, ce.data)) {
 		decode_job d = {.ce = ce.data,
@@ -358,15 +358,15 @@ static void replay_body(job *j, const char *body, size_t body_len)
 		(void)offload_run(decode_job_run, &d);
 		if (d.rc == 0) {
 			coding_mark_decoded(&j->resp_headers);
-			ip_buf_free(&ce);
+			growbuf_free(&ce);
 			return;
 		}
 		log_warn("stored response not decoded; replayed in its coding",
 			 "request_id=%s coding=%s %s", j->request_id, ce.data,
 			 d.err);
 	}
-	ip_buf_free(&ce);
-	ip_buf_append(&j->resp_body, body, body_len);
+	growbuf_free(&ce);
+	growbuf_append(&j->resp_body, body, body_len);
 }
 
 /* Would this replay decode its body? Not work for the event thread. */
@@ -374,11 +374,11 @@ static bool replay_decodes(const job *j, const char *headers,
 			   size_t headers_len)
 {
 	header_list h = {0};
-	ip_buf ce = {0};
+	growbuf ce = {0};
 	idem_decode_replay_headers(headers, headers_len, &h);
 	bool r = coding_of(&h, &ce) && !coding_accepted(&j->req_headers,
 							 ce.data);
-	ip_buf_free(&ce);
+	growbuf_free(&ce);
 	header_list_free(&h);
 	return r;
 }
@@ -400,7 +400,7 @@ static void respond_replay(job *j, int status, const char *headers,
  * most the cache ttl from now, and never past the record's expiry. */
 static double cache_deadline(const job *j, double record_expires_ms)
 {
-	double ttl_end = ip_now_ms() + (double)j->cfg->replay_cache_ttl_ms;
+	double ttl_end = mono_ms() + (double)j->cfg->replay_cache_ttl_ms;
 	return record_expires_ms < ttl_end ? record_expires_ms : ttl_end;
 }
 
@@ -442,7 +442,7 @@ static int open_record(proxy_worker *w, const job *j, const idem_plan *p,
 		       const claim_result *c, char *err, size_t errlen)
 {
 	seal_scope sc = scope_of(j, p, c->status, c->body_len > 0);
-	ip_buf_reset(&w->plain_b);
+	growbuf_reset(&w->plain_b);
 	if (seal_open(j->cfg->seal, &sc, SEAL_HEADERS, c->headers,
 		      c->headers_len, &w->plain_h, err, errlen) < 0)
 		return -1;
@@ -506,7 +506,7 @@ typedef struct stored_form {
 } stored_form;
 
 static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
-			int status, const ip_buf *plain_h, const char *body,
+			int status, const growbuf *plain_h, const char *body,
 			size_t body_len, stored_form *out)
 {
 	const seal_keyring *k = j->cfg->seal;
@@ -584,8 +584,8 @@ static int record_write(proxy_worker *w, job *j, const idem_plan *p,
 			record_done *o, char *err, size_t errlen)
 {
 	const route_cfg *r = p->route;
-	ip_buf *h = &w->scratch;
-	ip_buf_reset(h);
+	growbuf *h = &w->scratch;
+	growbuf_reset(h);
 	/* status_only keeps no body, so any size replays. */
 	o->keep_body = !r->status_only;
 	if (what == REC_RELEASE)
@@ -616,7 +616,7 @@ static void record_settled(proxy_worker *w, job *j, const idem_plan *p,
 			   const record_done *o, int rc, const char *err)
 {
 	const route_cfg *r = p->route;
-	if (rc && w->retry && ip_now_ms() < lease_end_ms) {
+	if (rc && w->retry && mono_ms() < lease_end_ms) {
 		defer_record(w, j, k, what, resp->status, &o->sf,
 			     o->replayable, lease_end_ms, err);
 	} else if (rc) {
@@ -658,10 +658,10 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 		return;
 	char err[256];
 	record_done o = {0};
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	int rc = record_write(w, j, p, k, what, resp, lease_end_ms, &o, err,
 			      sizeof err);
-	double ms = ip_now_ms() - t0;
+	double ms = mono_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	metrics_set_store_up(rc == 0 || !store_outage(w->st));
@@ -704,7 +704,7 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 	 * call (connect included) must end a margin before the lease does,
 	 * when another attempt may take the key over. */
 	int64_t margin = route_lease_margin_ms(r);
-	double left = lease_end_ms - ip_now_ms();
+	double left = lease_end_ms - mono_ms();
 	if (left < (double)(r->upstream_timeout_ms + margin)) {
 		lease_too_short(w, j, p, c, &k, lease_end_ms, left);
 		return;
@@ -822,7 +822,7 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 {
 	if (!w->waiters || j->wait_ms <= 0)
 		return WAIT_NOT;
-	double now = ip_now_ms();
+	double now = mono_ms();
 	if (j->wait_since_ms <= 0) {
 		if (!waiters_admit(w->waiters, j, p->tenant))
 			return WAIT_NOT;
@@ -837,10 +837,10 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 	bool marked;
 	int64_t left;
 	char err[256];
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	int rc = store_wait_mark(w->st, p->tenant, r->name, p->key, &marked,
 				 &left, err, sizeof err);
-	double ms = ip_now_ms() - t0;
+	double ms = mono_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	if (rc) {
@@ -904,10 +904,10 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 		replay_key rk = {p->tenant, r->name, p->key};
 		w->cache_gen = replay_cache_generation(w->cache, &rk);
 	}
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	store_batch_use u = batch_use(w, j);
 	int rc = store_batch_claim(&u, &req, c, err, errlen);
-	double ms = ip_now_ms() - t0;
+	double ms = mono_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	return rc;
@@ -1028,7 +1028,7 @@ static const idem_plan *plan_job(job *j)
 			.headers = &j->req_headers,
 			.body = j->body.data ? j->body.data : "",
 			.body_len = j->body.len,
-			.now_ms = ip_wall_ms(),
+			.now_ms = wall_ms(),
 		};
 		idem_plan_request(j->cfg, &rq, j->plan);
 		j->route_name = j->plan->route ? j->plan->route->name : NULL;
@@ -1061,20 +1061,20 @@ bool proxy_fast_path(void *arg, job *j)
 		return false;
 	replay_key k = {p->tenant, p->route->name, p->key};
 	int status;
-	ip_buf h = {0}, b = {0};
+	growbuf h = {0}, b = {0};
 	bool hit = false;
-	double now = ip_now_ms();
+	double now = mono_ms();
 	/* A retry sent as its first attempt was is found by its raw form
 	 * (no canonical JSON on the event thread); another spelling of the
 	 * same payload by its fingerprint, which a worker needs anyway when
 	 * there is no entry. */
 	if (replay_cache_has(sh->cache, &k, now)) {
-		ip_buf raw = {0};
+		growbuf raw = {0};
 		if (fingerprint_of(j, p->route, NULL, &raw))
 			hit = replay_cache_get_raw(sh->cache, &k, raw.data,
 						   raw.len, now, &status, &h,
 						   &b);
-		ip_buf_free(&raw);
+		growbuf_free(&raw);
 	}
 	if (!hit && j->body.len >= FP_OFFLOAD_MIN)
 		return false; /* a worker makes it, with a helper thread */
@@ -1096,8 +1096,8 @@ bool proxy_fast_path(void *arg, job *j)
 		metrics_event("replay_cache_hit");
 		reply_account(j);
 	}
-	ip_buf_free(&h);
-	ip_buf_free(&b);
+	growbuf_free(&h);
+	growbuf_free(&b);
 	return hit;
 }
 

@@ -43,27 +43,27 @@ static void assert_parses_to(const char *v, size_t len, const char *want,
 	size_t n = 0;
 	const char *why = NULL;
 
-	IP_ASSERT(idkey_parse(v, len, key, &n, &why) == 0);
-	IP_ASSERT(n == want_len && memcmp(key, want, n) == 0);
+	ALWAYS_ASSERT(idkey_parse(v, len, key, &n, &why) == 0);
+	ALWAYS_ASSERT(n == want_len && memcmp(key, want, n) == 0);
 	free(key);
 }
 
 static void check_accepted(const char *in, size_t len, const char *key,
 			   size_t n)
 {
-	IP_ASSERT(n >= 1 && n <= IDKEY_MAX);
-	IP_ASSERT(key[n] == '\0');
+	ALWAYS_ASSERT(n >= 1 && n <= IDKEY_MAX);
+	ALWAYS_ASSERT(key[n] == '\0');
 	for (size_t i = 0; i < n; i++)
-		IP_ASSERT(key[i] >= 0x20 && key[i] <= 0x7e);
+		ALWAYS_ASSERT(key[i] >= 0x20 && key[i] <= 0x7e);
 
 	/* A key that did not come quoted is the trimmed input itself. */
 	size_t s = 0;
 	while (s < len && (in[s] == ' ' || in[s] == '\t'))
 		s++;
-	IP_ASSERT(s < len);
+	ALWAYS_ASSERT(s < len);
 	if (in[s] != '"') {
-		IP_ASSERT(bare_can_carry(key, n));
-		IP_ASSERT(memcmp(in + s, key, n) == 0);
+		ALWAYS_ASSERT(bare_can_carry(key, n));
+		ALWAYS_ASSERT(memcmp(in + s, key, n) == 0);
 	}
 
 	char *quoted = xmalloc(2 * IDKEY_MAX + 2);
@@ -87,16 +87,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(in, data, size);
 	int rc = idkey_parse(in, size, key, &n, &why);
 	int rc2 = idkey_parse(in, size, again, &n2, &why2);
-	IP_ASSERT(rc == 0 || rc == -1);
-	IP_ASSERT(rc == rc2);
+	ALWAYS_ASSERT(rc == 0 || rc == -1);
+	ALWAYS_ASSERT(rc == rc2);
 	/* A NULL reason pointer is allowed and must not change the answer. */
-	IP_ASSERT(idkey_parse(in, size, again, &n2, NULL) == rc);
+	ALWAYS_ASSERT(idkey_parse(in, size, again, &n2, NULL) == rc);
 	if (rc == 0) {
-		IP_ASSERT(n == n2 && memcmp(key, again, n + 1) == 0);
+		ALWAYS_ASSERT(n == n2 && memcmp(key, again, n + 1) == 0);
 		check_accepted(in, size, key, n);
 	} else {
-		IP_ASSERT(why != NULL && why[0] != '\0');
-		IP_ASSERT(why == why2);
+		ALWAYS_ASSERT(why != NULL && why[0] != '\0');
+		ALWAYS_ASSERT(why == why2);
 	}
 	free(again);
 	free(key);

@@ -151,11 +151,11 @@ static void test_path_spellings(void **state)
 
 static void canonical_is(const char *v, const char *want)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	idem_canonical_credentials(v, &b);
 	assert_int_equal(b.len, strlen(want));
 	assert_memory_equal(b.len ? b.data : "", want, b.len);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 static void test_canonical_credentials(void **state)
@@ -258,17 +258,17 @@ static void test_issuer_escape(void **state)
 {
 	(void)state;
 	char out[64];
-	assert_int_equal(ip_pct_escape("https://id.example:8443/a%2Fb", out,
-				       sizeof out),
+	assert_int_equal(pct_escape("https://id.example:8443/a%2Fb", out,
+				    sizeof out),
 			 strlen("https%3A//id.example%3A8443/a%252Fb"));
 	assert_string_equal(out, "https%3A//id.example%3A8443/a%252Fb");
-	assert_int_equal(ip_pct_escape("a b\xc3\xa9", out, sizeof out), 11);
+	assert_int_equal(pct_escape("a b\xc3\xa9", out, sizeof out), 11);
 	assert_string_equal(out, "a%20b%C3%A9");
 	/* cut to the buffer, the whole length still returned */
 	char small[5];
-	assert_int_equal(ip_pct_escape("a:b:c", small, sizeof small), 9);
+	assert_int_equal(pct_escape("a:b:c", small, sizeof small), 9);
 	assert_string_equal(small, "a%3A");
-	assert_int_equal(ip_pct_escape("x:y", NULL, 0), 5);
+	assert_int_equal(pct_escape("x:y", NULL, 0), 5);
 }
 
 int main(void)

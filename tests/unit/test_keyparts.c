@@ -127,15 +127,15 @@ static void test_pointer_remove_all(void **state)
 static void test_string_value(void **state)
 {
 	(void)state;
-	ip_buf b = {0};
+	growbuf b = {0};
 	const char *lit = "\"a\\u0062\\/\\uD83D\\uDE00\"";
 	assert_int_equal(jsonptr_string_value(lit, strlen(lit), &b), 0);
 	assert_string_equal(b.data, "ab/\xf0\x9f\x98\x80");
-	ip_buf_reset(&b);
+	growbuf_reset(&b);
 	assert_int_equal(jsonptr_string_value("\"\\u0000\"", 8, &b), -1);
 	assert_int_equal(jsonptr_string_value("\"\\uDE00\"", 8, &b), -1);
 	assert_int_equal(jsonptr_string_value("\"a", 2, &b), -1);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 /* ---- key parts ------------------------------------------------------- */
