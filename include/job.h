@@ -27,8 +27,8 @@ typedef struct job {
 	char request_id[64];
 	double t_start_ms;
 
-	/* what the proxy decided about it, once planned (idem.h) */
-	struct idem_plan *plan;
+	/* what the proxy decided about it, once planned (decide.h) */
+	struct request_plan *plan;
 	uint8_t fp[32];
 	bool has_fp;
 

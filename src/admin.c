@@ -16,7 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "idem.h"
+#include "decide.h"
 #include "listen_addr.h"
 #include "log.h"
 #include "metrics.h"
@@ -222,7 +222,7 @@ static json_t *headers_json(const char *lines, size_t len)
 	if (!lines)
 		return arr;
 	header_list h = {0};
-	idem_decode_replay_headers(lines, len, &h);
+	decide_decode_replay_headers(lines, len, &h);
 	for (size_t i = 0; i < h.n; i++) {
 		json_t *pair = json_array();
 		json_array_append_new(pair, jbytes(h.v[i].name));

@@ -188,23 +188,23 @@ int cfg_conv_key_from(const cfg_opt *o, const config_setting_t *s, void *base,
 	str_list l;
 	if (cfg_strings(s, &l, "key part", cfg_any_string, why, whylen) < 0)
 		return -1;
-	keyparts kp = {0};
+	key_from_cfg kp = {0};
 	int rc = l.n ? 0
 		     : cfg_why(why, whylen,
 			       "must name at least one part, such as "
 			       "\"header:Idempotency-Key\"");
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
-		keypart part;
-		rc = keyparts_parse_part(l.v[i], &part, why, whylen);
+		key_part part;
+		rc = key_from_parse_part(l.v[i], &part, why, whylen);
 		if (rc == 0)
-			rc = keyparts_add(&kp, &part, why, whylen);
+			rc = key_from_add(&kp, &part, why, whylen);
 	}
 	cfg_list_free(&l);
 	if (rc < 0) {
-		keyparts_free(&kp);
+		key_from_free(&kp);
 		return -1;
 	}
-	*CFG_DST(o, base, keyparts) = kp;
+	*CFG_DST(o, base, key_from_cfg) = kp;
 	return 0;
 }
 
@@ -425,7 +425,7 @@ void cfg_route_free(route_cfg *r)
 	free(r->release_statuses);
 	cfg_list_free(&r->replay_headers);
 	cfg_list_free(&r->fingerprint_headers);
-	keyparts_free(&r->key_from);
+	key_from_free(&r->key_from);
 	cfg_pointers_free(r->fp_ignore, r->n_fp_ignore);
 	cfg_pointers_free(r->fp_only, r->n_fp_only);
 	jwt_policy_free(r->jwt);

@@ -6,7 +6,7 @@
 
 #include "coding.h"
 #include "fingerprint.h"
-#include "idem.h"
+#include "decide.h"
 #include "log.h"
 #include "metrics.h"
 #include "offload.h"
@@ -117,7 +117,7 @@ static bool is_identity_header(const job *j, const char *name)
 	const route_cfg *r = j->plan ? j->plan->route : NULL;
 	return r && ((r->tenant_kind == TENANT_HEADER &&
 		      str_caseeq(name, r->tenant_arg)) ||
-		     keyparts_uses_header(&r->key_from, name));
+		     key_from_uses_header(&r->key_from, name));
 }
 
 static void build_upstream_headers(const job *j, header_list *out)
@@ -127,7 +127,7 @@ static void build_upstream_headers(const job *j, header_list *out)
 	bool has_proto = false, has_fwd_host = false, has_rid = false;
 	/* A protected answer may be replayed to a retry that cannot read its
 	 * coding: ask only for codings the proxy can decode. */
-	bool claimed = j->plan && j->plan->action == IDEM_CLAIM;
+	bool claimed = j->plan && j->plan->action == PLAN_CLAIM;
 	for (size_t i = 0; i < in->n; i++) {
 		const http_header *h = &in->v[i];
 		if (upstream_is_hop_header(h->name) ||
@@ -250,7 +250,7 @@ static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 		reply_problem(j, 502, "upstream_unavailable", resp.error, 0);
 	else
 		reply_problem(j, 504, "upstream_outcome_unknown", resp.error,
-			      idem_retry_after_s(r->retry_after_ms));
+			      decide_retry_after_s(r->retry_after_ms));
 	upstream_resp_free(&resp);
 }
 
@@ -375,7 +375,7 @@ static bool replay_decodes(const job *j, const char *headers,
 {
 	header_list h = {0};
 	growbuf ce = {0};
-	idem_decode_replay_headers(headers, headers_len, &h);
+	decide_decode_replay_headers(headers, headers_len, &h);
 	bool r = coding_of(&h, &ce) && !coding_accepted(&j->req_headers,
 							 ce.data);
 	growbuf_free(&ce);
@@ -390,7 +390,7 @@ static void respond_replay(job *j, int status, const char *headers,
 	j->outcome = "replayed";
 	j->status = status;
 	header_list_free(&j->resp_headers);
-	idem_decode_replay_headers(headers, headers_len, &j->resp_headers);
+	decide_decode_replay_headers(headers, headers_len, &j->resp_headers);
 	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true",
 			4);
 	replay_body(j, body, body_len);
@@ -404,7 +404,7 @@ static double cache_deadline(const job *j, double record_expires_ms)
 	return record_expires_ms < ttl_end ? record_expires_ms : ttl_end;
 }
 
-static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
+static void cache_put(proxy_worker *w, const job *j, const request_plan *p,
 		      int status, const char *headers, size_t headers_len,
 		      const char *body, size_t body_len)
 {
@@ -428,7 +428,7 @@ static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
 }
 
 /* What a sealed record is bound to; has_body as when it was sealed. */
-static seal_scope scope_of(const job *j, const idem_plan *p, int status,
+static seal_scope scope_of(const job *j, const request_plan *p, int status,
 			   bool has_body)
 {
 	seal_scope sc = {p->tenant, p->route->name, p->key, j->fp, status,
@@ -438,7 +438,7 @@ static seal_scope scope_of(const job *j, const idem_plan *p, int status,
 
 /* Opens a sealed record into plain_h and plain_b. A sealed body is never
  * empty, so an empty one means none was stored. */
-static int open_record(proxy_worker *w, const job *j, const idem_plan *p,
+static int open_record(proxy_worker *w, const job *j, const request_plan *p,
 		       const claim_result *c, char *err, size_t errlen)
 {
 	seal_scope sc = scope_of(j, p, c->status, c->body_len > 0);
@@ -454,7 +454,7 @@ static int open_record(proxy_worker *w, const job *j, const idem_plan *p,
 
 /* A record that does not open is never replayed, and nothing is forwarded
  * in its place: the key's one upstream effect has happened already. */
-static void respond_unreadable(job *j, const idem_plan *p, const char *why)
+static void respond_unreadable(job *j, const request_plan *p, const char *why)
 {
 	j->outcome = "record_unreadable";
 	metrics_event("record_unreadable");
@@ -467,7 +467,7 @@ static void respond_unreadable(job *j, const idem_plan *p, const char *why)
 		      0);
 }
 
-static void replay(proxy_worker *w, job *j, const idem_plan *p,
+static void replay(proxy_worker *w, job *j, const request_plan *p,
 		   const claim_result *c)
 {
 	if (!c->replayable) {
@@ -505,7 +505,7 @@ typedef struct stored_form {
 	const char *seal_key;
 } stored_form;
 
-static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
+static void make_stored(proxy_worker *w, const job *j, const request_plan *p,
 			int status, const growbuf *plain_h, const char *body,
 			size_t body_len, stored_form *out)
 {
@@ -542,7 +542,7 @@ static store_batch_use batch_use(proxy_worker *w, const job *j)
  * reconnect) goes to the background retrier, which keeps trying until the
  * attempt's lease ends; the client is answered now. */
 static void defer_record(proxy_worker *w, const job *j, const record_key *k,
-			 enum idem_record what, int status,
+			 enum decide_record what, int status,
 			 const stored_form *sf, bool replayable,
 			 double lease_end_ms, const char *err)
 {
@@ -578,8 +578,8 @@ typedef struct record_done {
 
 /* The write itself: a release, or the answer completed (through the
  * batch when there is one). 0, or -1 with err. */
-static int record_write(proxy_worker *w, job *j, const idem_plan *p,
-			const record_key *k, enum idem_record what,
+static int record_write(proxy_worker *w, job *j, const request_plan *p,
+			const record_key *k, enum decide_record what,
 			const upstream_resp *resp, double lease_end_ms,
 			record_done *o, char *err, size_t errlen)
 {
@@ -594,7 +594,7 @@ static int record_write(proxy_worker *w, job *j, const idem_plan *p,
 			(!resp->too_large && (int64_t)resp->body.len <=
 						     j->cfg->max_stored_response);
 	o->keep_body = o->keep_body && o->replayable;
-	idem_encode_replay_headers(r, &resp->headers, h);
+	decide_encode_replay_headers(r, &resp->headers, h);
 	make_stored(w, j, p, resp->status, h,
 		    o->keep_body ? (resp->body.data ? resp->body.data : "")
 				 : NULL,
@@ -610,8 +610,8 @@ static int record_write(proxy_worker *w, job *j, const idem_plan *p,
 /* After the write: a failure goes to the retrier while the lease lasts
  * (else it is logged), a fenced one is logged, a replayable answer is
  * cached, and this instance's waiters are woken. */
-static void record_settled(proxy_worker *w, job *j, const idem_plan *p,
-			   const record_key *k, enum idem_record what,
+static void record_settled(proxy_worker *w, job *j, const request_plan *p,
+			   const record_key *k, enum decide_record what,
 			   const upstream_resp *resp, double lease_end_ms,
 			   const record_done *o, int rc, const char *err)
 {
@@ -649,9 +649,9 @@ static void record_settled(proxy_worker *w, job *j, const idem_plan *p,
  * is retried (at once on a fresh connection by the store, then in the
  * background until the lease ends), never hidden: until it is written the
  * record stays processing and the lease rules decide what a retry gets. */
-static void record(proxy_worker *w, job *j, const idem_plan *p,
+static void record(proxy_worker *w, job *j, const request_plan *p,
 		   const claim_result *c, const record_key *k,
-		   enum idem_record what, const upstream_resp *resp,
+		   enum decide_record what, const upstream_resp *resp,
 		   double lease_end_ms)
 {
 	if (what == REC_LEAVE)
@@ -671,7 +671,7 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 /* Too little of the attempt's lease is left for the whole upstream call:
  * nothing is sent, the key is released (fenced by the attempt's token) so
  * that a retry goes at once, and the client is told to retry. */
-static void lease_too_short(proxy_worker *w, job *j, const idem_plan *p,
+static void lease_too_short(proxy_worker *w, job *j, const request_plan *p,
 			    const claim_result *c, const record_key *k,
 			    double lease_end_ms, double left_ms)
 {
@@ -691,11 +691,11 @@ static void lease_too_short(proxy_worker *w, job *j, const idem_plan *p,
 		      "the key was claimed too late to finish the upstream "
 		      "call within its lease; nothing was sent and the key "
 		      "was released: retry with the same key",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
-			  const idem_plan *p, const claim_result *c,
+			  const request_plan *p, const claim_result *c,
 			  double lease_end_ms)
 {
 	record_key k = {p->tenant, r->name, p->key, c->owner, false};
@@ -712,9 +712,9 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 	upstream_resp resp;
 	send_upstream(w, j, r, lease_end_ms - (double)margin, &resp);
 	bool got = resp.outcome == UP_RESPONSE;
-	enum idem_record what =
-		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,
-				resp.status);
+	enum decide_record what =
+		decide_record_for(r, got, resp.outcome != UP_NOT_SENT,
+				  resp.status);
 	record(w, j, p, c, &k, what, &resp, lease_end_ms);
 	if (got && resp.too_large) {
 		j->outcome = "forwarded";
@@ -732,7 +732,7 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		reply_problem(j, 504, "upstream_outcome_unknown",
 			      "the request was sent upstream but no complete "
 			      "answer came back; retry with the same key",
-			      idem_retry_after_s(r->lease_ms));
+			      decide_retry_after_s(r->lease_ms));
 	}
 	upstream_resp_free(&resp);
 }
@@ -762,7 +762,7 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 /* The claim of a waiting duplicate failed: it is answered 503, never
@@ -778,7 +778,7 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 /* Once per request: may it wait, and for how long. */
@@ -786,7 +786,7 @@ static void plan_wait(job *j, const route_cfg *r)
 {
 	if (j->wait_planned)
 		return;
-	j->wait_ms = idem_wait_ms(r, &j->req_headers, &j->wait_applied_s);
+	j->wait_ms = decide_wait_ms(r, &j->req_headers, &j->wait_applied_s);
 	j->wait_planned = true;
 }
 
@@ -818,7 +818,7 @@ enum wait_step { WAIT_PARKED, WAIT_NOT, WAIT_ANSWERED };
  * that recording it sends a wake-up; a mark that finds the record changed
  * already parks the job due at once (it claims again). */
 static enum wait_step wait_in_flight(proxy_worker *w, job *j,
-				     const route_cfg *r, const idem_plan *p)
+				     const route_cfg *r, const request_plan *p)
 {
 	if (!w->waiters || j->wait_ms <= 0)
 		return WAIT_NOT;
@@ -872,7 +872,7 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 			      : "an earlier request with this key is still "
 				"being processed (waited wait_max for it); "
 				"retry after the delay",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 	add_preference_applied(j);
 	reply_account(j);
 	j->done(j);
@@ -880,7 +880,7 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 
 /* The claim's statement for the job's key, timed. 0, or -1 with err. */
 static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
-		     const idem_plan *p, claim_result *c, char *err,
+		     const request_plan *p, claim_result *c, char *err,
 		     size_t errlen)
 {
 	if (!j->has_fp)
@@ -915,7 +915,7 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 
 /* CLAIM_FORWARD, CLAIM_TAKEOVER: this attempt owns the key. */
 static void claimed_forward(proxy_worker *w, job *j, const route_cfg *r,
-			    const idem_plan *p, const claim_result *c)
+			    const request_plan *p, const claim_result *c)
 {
 	if (c->decision == CLAIM_TAKEOVER)
 		metrics_takeover(r->name);
@@ -929,7 +929,7 @@ static void claimed_forward(proxy_worker *w, job *j, const route_cfg *r,
 /* CLAIM_IN_FLIGHT: wait for the original, or answer 409. True when the
  * job was parked to wait. */
 static bool claimed_in_flight(proxy_worker *w, job *j, const route_cfg *r,
-			      const idem_plan *p)
+			      const request_plan *p)
 {
 	plan_wait(j, r);
 	switch (wait_in_flight(w, j, r, p)) {
@@ -944,7 +944,7 @@ static bool claimed_in_flight(proxy_worker *w, job *j, const route_cfg *r,
 	reply_problem(j, 409, "idempotency_key_in_use",
 		      "an earlier request with this key is still being "
 		      "processed; retry after the delay",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 	return false;
 }
 
@@ -957,7 +957,7 @@ static void claimed_held(proxy_worker *w, job *j, const route_cfg *r)
 		      "the outcome of an earlier attempt with this key is "
 		      "unknown and the key is held until an operator "
 		      "releases it",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 /* CLAIM_MISMATCH: the key was used with another payload. */
@@ -973,7 +973,7 @@ static void claimed_mismatch(proxy_worker *w, job *j, const route_cfg *r)
 
 /* True when the job was parked to wait (the worker leaves it alone). */
 static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
-			   const idem_plan *p)
+			   const request_plan *p)
 {
 	claim_result c;
 	char err[256];
@@ -1017,11 +1017,11 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 }
 
 /* Steps 1-2 of the decision, made once per request. */
-static const idem_plan *plan_job(job *j)
+static const request_plan *plan_job(job *j)
 {
 	if (!j->plan) {
 		j->plan = xmalloc(sizeof *j->plan);
-		idem_request rq = {
+		decide_request rq = {
 			.method = j->method,
 			.target = j->target,
 			.path_len = j->path_len,
@@ -1030,9 +1030,9 @@ static const idem_plan *plan_job(job *j)
 			.body_len = j->body.len,
 			.now_ms = wall_ms(),
 		};
-		idem_plan_request(j->cfg, &rq, j->plan);
+		decide_plan(j->cfg, &rq, j->plan);
 		j->route_name = j->plan->route ? j->plan->route->name : NULL;
-		if (j->plan->action == IDEM_CLAIM) {
+		if (j->plan->action == PLAN_CLAIM) {
 			j->key = xstrdup(j->plan->key);
 			j->tenant = xstrdup(j->plan->tenant);
 		}
@@ -1047,8 +1047,8 @@ bool proxy_fast_path(void *arg, job *j)
 	 * one would stall every connection on the event thread. */
 	if (j->body.len > FAST_PATH_MAX_BODY)
 		return false;
-	const idem_plan *p = plan_job(j);
-	if (p->action == IDEM_REJECT) {
+	const request_plan *p = plan_job(j);
+	if (p->action == PLAN_REJECT) {
 		j->outcome = p->outcome;
 		reply_problem(j, p->status, p->code, p->detail, 0);
 		reply_account(j);
@@ -1056,7 +1056,7 @@ bool proxy_fast_path(void *arg, job *j)
 	}
 	/* Canonicalising a large JSON body would stall every connection on
 	 * the event thread: leave those to a worker. */
-	if (p->action != IDEM_CLAIM || !sh->cache ||
+	if (p->action != PLAN_CLAIM || !sh->cache ||
 	    !replay_cache_enabled(sh->cache))
 		return false;
 	replay_key k = {p->tenant, p->route->name, p->key};
@@ -1106,18 +1106,18 @@ void proxy_worker_handle(void *ctx, void *item)
 	proxy_worker *w = ctx;
 	job *j = item;
 	store_set_statement_timeout(w->st, j->cfg->statement_timeout_ms);
-	const idem_plan *p = plan_job(j);
+	const request_plan *p = plan_job(j);
 	const route_cfg *r = p->route;
 	switch (p->action) {
-	case IDEM_REJECT:
+	case PLAN_REJECT:
 		j->outcome = p->outcome;
 		reply_problem(j, p->status, p->code, p->detail, 0);
 		break;
-	case IDEM_PASSTHROUGH:
+	case PLAN_PASSTHROUGH:
 		j->outcome = "passthrough";
 		forward_unprotected(w, j, r);
 		break;
-	case IDEM_CLAIM:
+	case PLAN_CLAIM:
 		if (handle_claimed(w, j, r, p))
 			return; /* parked: a wake-up brings it back */
 		add_preference_applied(j);

@@ -82,7 +82,7 @@ static int stage_003(PGconn *c, const config *cfg, char *err, size_t errlen)
 }
 
 /* Each jwt route's operation and the prefix its tenants get
- * ("jwt:ISSUER:", the issuer escaped as idem.c stores it). */
+ * ("jwt:ISSUER:", the issuer escaped as decide.c stores it). */
 static int stage_010(PGconn *c, const config *cfg, char *err, size_t errlen)
 {
 	if (exec(c,

@@ -70,7 +70,7 @@ static void check_route(const config *c, size_t i)
 		ALWAYS_ASSERT(strcmp(c->routes[j].name, r->name) != 0);
 	/* The template's own text is a path it matches ({id} is a segment,
 	 * slash-star a rest), so it routes to this route or an earlier one.
-	 * Requests are routed on their normalised path (idem.c), so the text
+	 * Requests are routed on their normalised path (decide.c), so the text
 	 * is normalised first: "/o/" is written, "/o" is what routes. */
 	size_t pl = strlen(r->path), nl;
 	char *norm = xmalloc(pl + 1);

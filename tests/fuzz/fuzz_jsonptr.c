@@ -19,7 +19,7 @@ static void check_against_jansson(const jsonptr *p, const char *doc,
 {
 	json_error_t e;
 	/* jansson skips a NUL after a number; the proxy refuses any body
-	 * with a NUL before either reads it (keyparts.c), so only NUL-free
+	 * with a NUL before either reads it (key_from.c), so only NUL-free
 	 * documents are compared. */
 	if (memchr(doc, '\0', n))
 		return;

@@ -1,6 +1,6 @@
-/* Fuzz target for idkey_parse (SPEC 3.1).
+/* Fuzz target for key_header_parse (SPEC 3.1).
  *
- * Besides "never crash", checks what idkey.h promises about a key that was
+ * Besides "never crash", checks what key_header.h promises about a key that was
  * accepted: 1..255 bytes of visible ASCII or SP, NUL-terminated, the same
  * answer every time, and the one spelling equivalence the spec allows
  * ("abc" == abc): the key written back as an sf-string, or bare where a
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "idkey.h"
+#include "key_header.h"
 
 static bool bare_can_carry(const char *k, size_t n)
 {
@@ -39,11 +39,11 @@ static size_t quote_key(const char *k, size_t n, char *out)
 static void assert_parses_to(const char *v, size_t len, const char *want,
 			     size_t want_len)
 {
-	char *key = xmalloc(IDKEY_MAX + 1);
+	char *key = xmalloc(KEY_LEN_MAX + 1);
 	size_t n = 0;
 	const char *why = NULL;
 
-	ALWAYS_ASSERT(idkey_parse(v, len, key, &n, &why) == 0);
+	ALWAYS_ASSERT(key_header_parse(v, len, key, &n, &why) == 0);
 	ALWAYS_ASSERT(n == want_len && memcmp(key, want, n) == 0);
 	free(key);
 }
@@ -51,7 +51,7 @@ static void assert_parses_to(const char *v, size_t len, const char *want,
 static void check_accepted(const char *in, size_t len, const char *key,
 			   size_t n)
 {
-	ALWAYS_ASSERT(n >= 1 && n <= IDKEY_MAX);
+	ALWAYS_ASSERT(n >= 1 && n <= KEY_LEN_MAX);
 	ALWAYS_ASSERT(key[n] == '\0');
 	for (size_t i = 0; i < n; i++)
 		ALWAYS_ASSERT(key[i] >= 0x20 && key[i] <= 0x7e);
@@ -66,7 +66,7 @@ static void check_accepted(const char *in, size_t len, const char *key,
 		ALWAYS_ASSERT(memcmp(in + s, key, n) == 0);
 	}
 
-	char *quoted = xmalloc(2 * IDKEY_MAX + 2);
+	char *quoted = xmalloc(2 * KEY_LEN_MAX + 2);
 	size_t qn = quote_key(key, n, quoted);
 	assert_parses_to(quoted, qn, key, n);
 	free(quoted);
@@ -79,18 +79,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* Exactly sized copies, so a read or write one past either end is
 	 * caught by the address sanitizer. */
 	char *in = xmalloc(size ? size : 1);
-	char *key = xmalloc(IDKEY_MAX + 1);
-	char *again = xmalloc(IDKEY_MAX + 1);
+	char *key = xmalloc(KEY_LEN_MAX + 1);
+	char *again = xmalloc(KEY_LEN_MAX + 1);
 	size_t n = 0, n2 = 0;
 	const char *why = NULL, *why2 = NULL;
 
 	memcpy(in, data, size);
-	int rc = idkey_parse(in, size, key, &n, &why);
-	int rc2 = idkey_parse(in, size, again, &n2, &why2);
+	int rc = key_header_parse(in, size, key, &n, &why);
+	int rc2 = key_header_parse(in, size, again, &n2, &why2);
 	ALWAYS_ASSERT(rc == 0 || rc == -1);
 	ALWAYS_ASSERT(rc == rc2);
 	/* A NULL reason pointer is allowed and must not change the answer. */
-	ALWAYS_ASSERT(idkey_parse(in, size, again, &n2, NULL) == rc);
+	ALWAYS_ASSERT(key_header_parse(in, size, again, &n2, NULL) == rc);
 	if (rc == 0) {
 		ALWAYS_ASSERT(n == n2 && memcmp(key, again, n + 1) == 0);
 		check_accepted(in, size, key, n);
