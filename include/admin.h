@@ -28,13 +28,13 @@ typedef struct admin_opts {
 	void *forget_arg;
 } admin_opts;
 
-admin *admin_start(const admin_opts *o, char *err, size_t errlen) IP_WUR;
+admin *admin_start(const admin_opts *o, char *err, size_t errlen) MUST_CHECK;
 void admin_stop(admin *a);
 
 /* Percent-decodes one path segment of n bytes into out (n + 1 bytes).
  * -1 on a malformed escape, or when the result holds a byte no record key
  * can hold (outside visible ASCII and space), or is empty. */
-int admin_decode_segment(const char *s, size_t n, char *out) IP_WUR;
+int admin_decode_segment(const char *s, size_t n, char *out) MUST_CHECK;
 
 /* Is header (an Authorization value) "Bearer <token>"? Compares in
  * constant time; an empty token never matches. */

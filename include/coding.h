@@ -14,7 +14,7 @@
 
 /* The response's Content-Encoding values, joined with ", " into out; false
  * when there is none (or only identity). */
-bool coding_of(const header_list *resp, ip_buf *out);
+bool coding_of(const header_list *resp, growbuf *out);
 
 /* Does a request with these headers accept every coding in the list ce?
  * Without an Accept-Encoding header only identity is taken as accepted:
@@ -25,13 +25,13 @@ bool coding_accepted(const header_list *req, const char *ce);
  * client's elements naming codings the proxy can decode ("*" and others are
  * dropped; "identity" when nothing is left). False: the client sent none,
  * send none. */
-bool coding_upstream_accept(const header_list *req, ip_buf *out);
+bool coding_upstream_accept(const header_list *req, growbuf *out);
 
 /* Decodes in (coded with the list ce, applied in order) into out, at most
  * max bytes. -1 with a reason: a coding the proxy cannot decode, corrupt
  * data, or more than max bytes. */
 int coding_decode(const char *ce, const char *in, size_t len, int64_t max,
-		  ip_buf *out, char *err, size_t errlen) IP_WUR;
+		  growbuf *out, char *err, size_t errlen) MUST_CHECK;
 
 /* After decoding: no Content-Encoding, and a strong ETag made weak (the
  * decoded body is another representation of the same resource). */

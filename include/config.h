@@ -81,7 +81,7 @@ size_t config_restart_changes(const config *running, const config *next,
  * IDEMPROXY_LISTEN environment overrides. On error returns NULL and writes
  * "FILE:LINE: what is wrong" (or "FILE: what" when no line applies) into err.
  * The result has one reference. */
-config *config_load(const char *file, char *err, size_t errlen) IP_WUR;
+config *config_load(const char *file, char *err, size_t errlen) MUST_CHECK;
 
 config *config_ref(config *c);
 void config_unref(config *c);
@@ -92,6 +92,6 @@ void config_print_routes(const config *c, FILE *out);
 /* Splits a listen address as validated by config_load ("host:port" or
  * "[v6]:port") into host (brackets removed) and port, for binding. */
 int config_split_listen(const char *s, char *host, size_t hostlen, int *port,
-			char *err, size_t errlen) IP_WUR;
+			char *err, size_t errlen) MUST_CHECK;
 
 #endif

@@ -50,7 +50,7 @@ fiber *fiber_current(void);
 bool fiber_stack_bounds(char **lo, char **hi);
 
 /* On a fiber: waits until fd is ready for `events` (FIBER_IN, FIBER_OUT),
- * or until deadline_ms (ip_now_ms's clock; < 0: none). Returns the events
+ * or until deadline_ms (mono_ms's clock; < 0: none). Returns the events
  * that are ready (errors and hang-ups count as both), 0 at the deadline.
  * Several fds: the same, for any of them; ready[i] gets fd i's events. */
 int fiber_wait_fd(int fd, int events, double deadline_ms);

@@ -15,7 +15,7 @@
  * insignificant whitespace removed, duplicate keys rejected. Appends to out
  * and returns 0, or returns -1 (out untouched) if the text is not valid JSON
  * or nests deeper than the parser allows. Never recurses without bound. */
-int fp_canon_json(const char *in, size_t len, ip_buf *out) IP_WUR;
+int fp_canon_json(const char *in, size_t len, growbuf *out) MUST_CHECK;
 
 /* "application/json; charset=utf-8" -> "application/json" (lower-cased,
  * parameters and whitespace removed) into out (size outlen). */
@@ -54,6 +54,6 @@ void fp_compute(const fp_input *in, uint8_t out[FP_LEN]);
  * fingerprint, which a byte comparison tells without parsing the body. Not
  * the other way round: another spelling of the same JSON has another raw
  * form. False (out not usable) when it would exceed max bytes. */
-bool fp_raw_form(const fp_input *in, size_t max, ip_buf *out);
+bool fp_raw_form(const fp_input *in, size_t max, growbuf *out);
 
 #endif

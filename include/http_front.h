@@ -32,7 +32,7 @@ typedef struct front_opts {
 typedef struct http_front http_front;
 
 http_front *http_front_start(const front_opts *o, char *err,
-			     size_t errlen) IP_WUR;
+			     size_t errlen) MUST_CHECK;
 /* Stops accepting new connections; requests already read still finish. */
 void http_front_quiesce(http_front *f);
 /* Requests handed to workers and not yet answered. */

@@ -1,6 +1,6 @@
 /* The parts of an HTTP message that every layer reads and none owns: a
  * list of header fields, in the order received, names as written. Below
- * the request job (job.h) and the key derivation (keyparts.h) alike, so
+ * the request job (job.h) and the key derivation (key_from.h) alike, so
  * that neither has to reach the other, nor the conf, for it. */
 #ifndef IDEMPROXY_HTTP_MSG_H
 #define IDEMPROXY_HTTP_MSG_H

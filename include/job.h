@@ -22,20 +22,20 @@ typedef struct job {
 	size_t path_len;       /* length of the path part of target */
 	char *version;         /* "HTTP/1.1" */
 	header_list req_headers;
-	ip_buf body;
+	growbuf body;
 	char client_ip[64];
 	char request_id[64];
 	double t_start_ms;
 
-	/* what the proxy decided about it, once planned (idem.h) */
-	struct idem_plan *plan;
+	/* what the proxy decided about it, once planned (decide.h) */
+	struct request_plan *plan;
 	uint8_t fp[32];
 	bool has_fp;
 
 	/* response */
 	int status;
 	header_list resp_headers;
-	ip_buf resp_body;
+	growbuf resp_body;
 
 	/* the per-request log line */
 	const char *route_name;

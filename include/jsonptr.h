@@ -24,7 +24,7 @@ typedef struct jsonptr {
 /* Parses "" (the whole document) or "/a/b~1c". On error returns NULL and
  * writes why (no NUL bytes, '/' first, '~' only as ~0 or ~1, bounds). */
 jsonptr *jsonptr_parse(const char *s, size_t len, char *why,
-		       size_t whylen) IP_WUR;
+		       size_t whylen) MUST_CHECK;
 void jsonptr_free(jsonptr *p);
 
 /* The value p names in doc (borrowed), or NULL. An array is indexed only by
@@ -51,6 +51,6 @@ enum jsonptr_found jsonptr_locate(const jsonptr *p, const char *text,
 /* Decodes the JSON string literal s[0..len) (quotes included) into out as
  * UTF-8. Returns 0, or -1 when it is not one well-formed literal or decodes
  * to a NUL. */
-int jsonptr_string_value(const char *s, size_t len, ip_buf *out) IP_WUR;
+int jsonptr_string_value(const char *s, size_t len, growbuf *out) MUST_CHECK;
 
 #endif

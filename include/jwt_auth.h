@@ -46,10 +46,10 @@ typedef struct jwt_keyset jwt_keyset;
  * key under 2048 or over 4096 bits, an HMAC secret under 32 bytes, a point not on its
  * curve) is an error, and so is a set with no usable key. */
 jwt_keyset *jwt_keyset_parse(const char *text, size_t len, char *why,
-			     size_t whylen) IP_WUR;
+			     size_t whylen) MUST_CHECK;
 /* Reads FILE and parses it. */
 jwt_keyset *jwt_keyset_load(const char *file, char *why,
-			    size_t whylen) IP_WUR;
+			    size_t whylen) MUST_CHECK;
 void jwt_keyset_free(jwt_keyset *ks);
 size_t jwt_keyset_count(const jwt_keyset *ks);
 /* How many signature checks the set has made (each key a token was tried

@@ -14,7 +14,7 @@ struct sockaddr_storage;
  * "[v6]:port"; an empty host: every address) into ss; *v6 when
  * it is an IPv6 address. 0, or -1 with err. */
 int listen_addr_parse(const char *listen, struct sockaddr_storage *ss,
-		      bool *v6, char *err, size_t errlen) IP_WUR;
+		      bool *v6, char *err, size_t errlen) MUST_CHECK;
 
 struct MHD_Connection;
 /* The connection's peer address as text; "unknown" when there is none. */

@@ -42,9 +42,9 @@ void log_event(enum log_level level, const char *msg, const char *fmt, ...)
  * double quotes with '"' and '\\' escaped and any other byte outside
  * 0x20-0x7e as \xHH. Log client-chosen values through this, so that they
  * cannot forge fields. */
-void log_quote(ip_buf *b, const char *v);
+void log_quote(growbuf *b, const char *v);
 /* Appends " name=value" (no leading space when b is empty); NULL is "-". */
-void log_field(ip_buf *b, const char *name, const char *v);
+void log_field(growbuf *b, const char *name, const char *v);
 
 #define log_error(...) log_event(LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) log_event(LOG_WARN, __VA_ARGS__)
@@ -73,6 +73,6 @@ typedef struct log_request {
 
 void log_request_line(const log_request *r);
 /* The request line's JSON object (no newline), with the time ts. */
-void log_request_json(ip_buf *b, const log_request *r, const char *ts);
+void log_request_json(growbuf *b, const log_request *r, const char *ts);
 
 #endif

@@ -77,6 +77,6 @@ void metrics_reading_unbind(metrics_reading *r);
  * bound. */
 bool metrics_read(const char *family, double *v);
 
-void metrics_render(ip_buf *out);
+void metrics_render(growbuf *out);
 
 #endif

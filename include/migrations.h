@@ -8,7 +8,7 @@ struct migration {
 	const char *sql;
 };
 
-extern const struct migration ip_migrations[];
-extern const int ip_n_migrations;
+extern const struct migration embedded_migrations[];
+extern const int n_embedded_migrations;
 
 #endif

@@ -16,7 +16,8 @@ typedef struct pathtpl pathtpl;
 /* Returns NULL and writes a reason into err on a malformed template (must
  * start with '/', "{}" empty or unclosed braces, '*' anywhere but a trailing
  * "/ *", characters not allowed in a path). */
-pathtpl *pathtpl_compile(const char *pattern, char *err, size_t errlen) IP_WUR;
+pathtpl *pathtpl_compile(const char *pattern, char *err,
+			 size_t errlen) MUST_CHECK;
 /* The form a path is matched in: percent-encoded unreserved characters
  * (ALPHA DIGIT - . _ ~) decoded, other escapes with upper-case hex (RFC 3986
  * 6.2.2.1-2), and a trailing slash dropped ("/" stays "/"). Writes it into
@@ -26,7 +27,7 @@ pathtpl *pathtpl_compile(const char *pattern, char *err, size_t errlen) IP_WUR;
  * ("//"), an encoded '/' (%2F), or a '%' without two hex digits. A path that
  * does not start with '/' is copied as it is (it matches no template). */
 int pathtpl_normalize(const char *path, size_t len, char *out,
-		      size_t *out_len, const char **why) IP_WUR;
+		      size_t *out_len, const char **why) MUST_CHECK;
 /* path must be normalised. */
 bool pathtpl_match(const pathtpl *t, const char *path, size_t len);
 void pathtpl_free(pathtpl *t);

@@ -19,7 +19,7 @@ typedef struct pg_link {
 	int64_t timeout_set_ms;       /* in force on conn */
 	PGconn *conn;
 	bool down;         /* the last attempt to reach the database failed */
-	double cap_ms;     /* no wait goes past this (ip_now_ms); 0: none */
+	double cap_ms;     /* no wait goes past this (mono_ms); 0: none */
 	bool stalled;      /* the last wait hit its deadline: conn dropped */
 	char why[64];      /* what the stall said */
 } pg_link;
@@ -37,7 +37,7 @@ void pg_link_set_statement_timeout(pg_link *l, int64_t ms);
  * *fresh (may be NULL) tells whether a new connection was made (statements
  * must be prepared again). 0 or -1. */
 int pg_link_connect(pg_link *l, bool *fresh, char *err,
-		    size_t errlen) IP_WUR;
+		    size_t errlen) MUST_CHECK;
 
 /* After a failed call: PQstatus only changes after a failed read or write,
  * so drop a connection that broke. True if it was dropped (also when the
@@ -50,7 +50,7 @@ bool pg_link_drop_if_broken(pg_link *l);
  * does not fire when the network path or the server stalls; this does. */
 int64_t pg_link_wait_ms(int64_t statement_timeout_ms);
 
-/* An absolute deadline (ip_now_ms's clock; 0: none) that every wait of
+/* An absolute deadline (mono_ms's clock; 0: none) that every wait of
  * the link's until the next call also keeps: a record bounded by its
  * lease. */
 void pg_link_cap(pg_link *l, double deadline_ms);

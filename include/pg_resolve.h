@@ -30,7 +30,7 @@ typedef struct pg_resolved {
  * does not resolve is left out of the list, as libpq skips a host it
  * cannot resolve; -1 when none is left. */
 int pg_resolve_params(const char *const *keys, const char *const *vals,
-		      pg_resolved *out, char *err, size_t errlen) IP_WUR;
+		      pg_resolved *out, char *err, size_t errlen) MUST_CHECK;
 void pg_resolved_free(pg_resolved *r);
 
 #endif

@@ -15,7 +15,7 @@ const char *problem_title(const char *code);
 /* Appends {"type","title","status","detail","code"} to out. type is
  * "urn:idemproxy:problem:<code>". detail may be NULL (then the title is used).
  * request_id, when not NULL, is added as "request_id". */
-void problem_render(ip_buf *out, int status, const char *code,
+void problem_render(growbuf *out, int status, const char *code,
 		    const char *detail, const char *request_id);
 
 #endif

@@ -1,5 +1,5 @@
 /* What a worker does with one request: plan, claim, forward, record, answer.
- * This is the one place where the decision (idem), the store (store_pg) and
+ * This is the one place where the decision (decide), the store (store_pg) and
  * the upstream (upstream) meet. */
 #ifndef IDEMPROXY_PROXY_H
 #define IDEMPROXY_PROXY_H

@@ -29,7 +29,7 @@ typedef struct record_retry_item {
 	bool replayable;
 	const char *seal_key;  /* headers and body are sealed under it; NULL:
 				  in the clear */
-	double lease_end_ms;   /* ip_now_ms() clock: give up after this */
+	double lease_end_ms;   /* mono_ms() clock: give up after this */
 } record_retry_item;
 
 /* wk names the NOTIFY a retried record sends to its waiters. */
@@ -39,7 +39,7 @@ record_retry *record_retry_start(const char *db_url,
 void record_retry_add(record_retry *rr, const record_retry_item *it);
 /* Pending writes, for the shutdown log. */
 int record_retry_pending(record_retry *rr);
-/* Keeps retrying until nothing is pending or deadline_ms (ip_now_ms()
+/* Keeps retrying until nothing is pending or deadline_ms (mono_ms()
  * clock) has passed, gives up what is left (logged and counted), then stops
  * the thread and frees rr. */
 void record_retry_stop(record_retry *rr, double deadline_ms);

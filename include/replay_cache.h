@@ -50,7 +50,7 @@ bool replay_cache_enabled(replay_cache *c);
  * hand it to replay_cache_put. */
 uint64_t replay_cache_generation(replay_cache *c, const replay_key *k);
 
-/* Remembers a completed response until expires_ms (ip_now_ms() clock);
+/* Remembers a completed response until expires_ms (mono_ms() clock);
  * replaces an earlier entry for the same key. Not stored: an entry larger
  * than the whole cache, or one whose key was forgotten since gen was read
  * (an operator deleted the record while the caller was reading it). */
@@ -61,14 +61,14 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
  * then status, headers and body are copied out and true is returned. */
 bool replay_cache_get(replay_cache *c, const replay_key *k,
 		      const uint8_t hash[FP_LEN], double now_ms, int *status,
-		      ip_buf *headers, ip_buf *body);
+		      growbuf *headers, growbuf *body);
 
 /* The same, matching the raw form the entry was put with: a retry sent
  * byte for byte as the request the entry came from, found without
  * canonicalising its body. A miss says nothing about the fingerprint. */
 bool replay_cache_get_raw(replay_cache *c, const replay_key *k,
 			  const char *raw, size_t raw_len, double now_ms,
-			  int *status, ip_buf *headers, ip_buf *body);
+			  int *status, growbuf *headers, growbuf *body);
 /* Whether k has an unexpired entry (whatever its fingerprint). */
 bool replay_cache_has(replay_cache *c, const replay_key *k, double now_ms);
 

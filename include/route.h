@@ -2,7 +2,7 @@
  * route a path is for, whether it takes a method, whether a status
  * releases the key, how much of a lease stays free. The conf loader
  * (config_route.c) fills route_cfg; nothing here reads the conf file, so
- * planning a request (idem.c) descends to this without climbing back
+ * planning a request (decide.c) descends to this without climbing back
  * into the loader. */
 #ifndef IDEMPROXY_ROUTE_H
 #define IDEMPROXY_ROUTE_H
@@ -13,7 +13,7 @@
 
 #include "jsonptr.h"
 #include "jwt_auth.h"
-#include "keyparts.h"
+#include "key_from.h"
 #include "pathtpl.h"
 #include "util.h"
 
@@ -24,7 +24,7 @@ enum tenant_kind {
 	TENANT_JWT,
 };
 
-/* A jwt route's issuer, escaped by ip_pct_escape, is at most this long: it
+/* A jwt route's issuer, escaped by pct_escape, is at most this long: it
  * is part of every stored tenant of the route. */
 #define ROUTE_JWT_ISSUER_MAX 255
 
@@ -46,7 +46,7 @@ typedef struct route_cfg {
 	char *tenant_arg;  /* NAME for static:/header:, CLAIM for jwt:, NULL for
 			    * authorization */
 	jwt_policy *jwt;   /* the jwt group; NULL when not set */
-	keyparts key_from;
+	key_from_cfg key_from;
 	int64_t ttl_ms;
 	int64_t lease_ms;
 	int64_t upstream_timeout_ms;

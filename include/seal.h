@@ -34,11 +34,11 @@ typedef struct seal_keyring seal_keyring;
  * containing key material); NULL then. */
 seal_keyring *seal_keyring_parse(const char *text, size_t len,
 				 const char *file, char *err,
-				 size_t errlen) IP_WUR;
+				 size_t errlen) MUST_CHECK;
 /* Reads and parses FILE; refuses anything but a regular file, and a file
  * that group or others may read, write or execute. */
 seal_keyring *seal_keyring_load(const char *file, char *err,
-				size_t errlen) IP_WUR;
+				size_t errlen) MUST_CHECK;
 void seal_keyring_free(seal_keyring *k);
 
 const char *seal_keyring_active(const seal_keyring *k);
@@ -63,17 +63,17 @@ bool seal_is_sealed(const char *blob, size_t len);
 
 /* The key id a sealed blob names, into id (SEAL_ID_MAX + 1 bytes). -1 if
  * blob is not a well-formed sealed blob. */
-int seal_blob_key_id(const char *blob, size_t len, char *id) IP_WUR;
+int seal_blob_key_id(const char *blob, size_t len, char *id) MUST_CHECK;
 
 /* Seals plaintext under the active key into out (replacing its content). */
 void seal_seal(const seal_keyring *k, const seal_scope *s,
-	       enum seal_field f, const char *pt, size_t n, ip_buf *out);
+	       enum seal_field f, const char *pt, size_t n, growbuf *out);
 
 /* Opens a sealed blob into out (replacing its content). -1 with the reason
  * in err (an unknown key id, a malformed blob, or an authentication
  * failure: altered, or bound to another record). k may be NULL. */
 int seal_open(const seal_keyring *k, const seal_scope *s, enum seal_field f,
-	      const char *blob, size_t n, ip_buf *out, char *err,
-	      size_t errlen) IP_WUR;
+	      const char *blob, size_t n, growbuf *out, char *err,
+	      size_t errlen) MUST_CHECK;
 
 #endif

@@ -7,9 +7,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IP_SIPHASH_KEY_LEN 16
+#define SIPHASH_KEY_LEN 16
 
-uint64_t ip_siphash24(const uint8_t key[IP_SIPHASH_KEY_LEN], const void *p,
-		      size_t n);
+uint64_t siphash24(const uint8_t key[SIPHASH_KEY_LEN], const void *p,
+		   size_t n);
 
 #endif

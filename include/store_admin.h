@@ -22,7 +22,7 @@ void store_admin_set_statement_timeout(store_admin *s, int64_t ms);
 /* 0 when the database answers and its schema version is at least want;
  * else -1 with the reason in err. */
 int store_admin_ready(store_admin *s, int want, char *err,
-		      size_t errlen) IP_WUR;
+		      size_t errlen) MUST_CHECK;
 
 /* A record as stored. Strings are NUL-terminated and NULL where the column
  * is NULL; times are RFC 3339 in UTC. They point into res and stay valid
@@ -55,7 +55,7 @@ typedef struct admin_record {
  * failure (err filled). */
 int store_admin_get(store_admin *s, const char *tenant, const char *operation,
 		    const char *key, admin_record *out, bool *found, char *err,
-		    size_t errlen) IP_WUR;
+		    size_t errlen) MUST_CHECK;
 void store_admin_record_clear(admin_record *r);
 
 enum admin_delete_action {
@@ -79,6 +79,6 @@ typedef struct admin_delete_result {
 int store_admin_delete(store_admin *s, const char *tenant,
 		       const char *operation, const char *key, bool force,
 		       admin_delete_result *out, char *err,
-		       size_t errlen) IP_WUR;
+		       size_t errlen) MUST_CHECK;
 
 #endif

@@ -70,12 +70,12 @@ typedef struct store_batch_use {
 
 /* store_claim(own, ...), the insert of a fresh key batched. */
 int store_batch_claim(const store_batch_use *u, const claim_req *req,
-		      claim_result *out, char *err, size_t errlen) IP_WUR;
+		      claim_result *out, char *err, size_t errlen) MUST_CHECK;
 /* store_complete_req(own, ...), batched. A record that cannot be written
  * in its lane by its deadline (the store-wait deadline, or half of the
  * lease it had left when it queued, whichever comes first) fails without
  * waiting any longer, for the background retrier (record_retry.h). */
 int store_batch_complete(const store_batch_use *u, const complete_req *q,
-			 bool *fenced, char *err, size_t errlen) IP_WUR;
+			 bool *fenced, char *err, size_t errlen) MUST_CHECK;
 
 #endif

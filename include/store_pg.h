@@ -25,7 +25,7 @@ void store_free(store *s);
 /* The statement_timeout from the next call on (a reload may change it); a
  * SET is sent only when it differs from the one in force. */
 void store_set_statement_timeout(store *s, int64_t ms);
-/* An absolute deadline (ip_now_ms's clock; 0: none) that every wait for
+/* An absolute deadline (mono_ms's clock; 0: none) that every wait for
  * the store's answer keeps, besides its own (pg_link_wait_ms), until it is
  * set again. */
 void store_set_deadline(store *s, double deadline_ms);
@@ -40,7 +40,7 @@ void store_set_distributed(store *s, bool citus);
 void store_set_many(store *s);
 
 /* Connects (and prepares) if not connected. 0 or -1 with err. */
-int store_ensure(store *s, char *err, size_t errlen) IP_WUR;
+int store_ensure(store *s, char *err, size_t errlen) MUST_CHECK;
 
 /* After a call that failed: true when it failed because the database could
  * not be reached (no connection could be made, or the connection broke),
@@ -83,7 +83,7 @@ typedef struct claim_result {
 					   this attempt's lease */
 	int64_t expires_in_ms;          /* FORWARD, TAKEOVER, REPLAY: until the
 					   record expires */
-	/* ip_now_ms() just before the statement that gave this answer was
+	/* mono_ms() just before the statement that gave this answer was
 	 * sent: lease_left_ms and expires_in_ms count from here, never later
 	 * than the database's now(). A claim repeated after a lost answer
 	 * counts from the repeat, not from the first try. */
@@ -100,12 +100,12 @@ typedef struct claim_result {
 
 /* One round trip. 0, or -1 on a store failure (err filled). */
 int store_claim(store *s, const claim_req *req, claim_result *out, char *err,
-		size_t errlen) IP_WUR;
+		size_t errlen) MUST_CHECK;
 void claim_result_clear(claim_result *r);
 /* The claim for a key known to exist (an insert of it found it): idem_claim
  * alone. As store_claim otherwise. */
 int store_claim_existing(store *s, const claim_req *req, claim_result *out,
-			 char *err, size_t errlen) IP_WUR;
+			 char *err, size_t errlen) MUST_CHECK;
 /* What idem_claim answers for a key its attempt inserted: forward, attempt
  * 1, the whole lease, the record living max(ttl, lease). */
 void store_claim_fresh(const claim_req *req, claim_result *out);
@@ -131,7 +131,7 @@ typedef struct record_key {
 int store_complete(store *s, const record_key *k, int status,
 		   const char *headers, size_t headers_len, const char *body,
 		   size_t body_len, bool replayable, const char *seal_key,
-		   bool *fenced, char *err, size_t errlen) IP_WUR;
+		   bool *fenced, char *err, size_t errlen) MUST_CHECK;
 typedef struct complete_req {
 	const record_key *k;
 	int status;
@@ -144,19 +144,19 @@ typedef struct complete_req {
 } complete_req;
 /* store_complete, its arguments in one place. */
 int store_complete_req(store *s, const complete_req *q, bool *fenced,
-		       char *err, size_t errlen) IP_WUR;
+		       char *err, size_t errlen) MUST_CHECK;
 /* After a complete that may have committed on a connection that broke,
  * and a repeat that wrote nothing: is the record completed under k's
  * owner? *fenced when not. */
 int store_settle(store *s, const record_key *k, bool *fenced, char *err,
-		 size_t errlen) IP_WUR;
+		 size_t errlen) MUST_CHECK;
 /* Wakes other instances' waiters for k's record (after its write
  * committed, and only when a waiter marked it). */
 void store_notify_waiters(store *s, const record_key *k);
 
 /* Frees the key for a retry (state released). */
 int store_release(store *s, const record_key *k, bool *fenced, char *err,
-		  size_t errlen) IP_WUR;
+		  size_t errlen) MUST_CHECK;
 
 /* The channel the instances LISTEN on for waiters' wake-ups; the payload
  * is the record's wake scope (wake.h). A complete or release that finds
@@ -168,7 +168,7 @@ int store_release(store *s, const record_key *k, bool *fenced, char *err,
  * otherwise *lease_left_ms is what remains of the attempt's lease. */
 int store_wait_mark(store *s, const char *tenant, const char *operation,
 		    const char *key, bool *marked, int64_t *lease_left_ms,
-		    char *err, size_t errlen) IP_WUR;
+		    char *err, size_t errlen) MUST_CHECK;
 
 /* Recording a record a waiter marked sends a NOTIFY named with wk (which
  * must outlive s); without one, no NOTIFY is sent. */
@@ -178,6 +178,6 @@ void store_set_wake_key(store *s, const wake_key *wk);
  * *nout of them), in one statement. nadd may be 0: it only reads. */
 int store_seal_counts(store *s, const seal_tally_entry *add, size_t nadd,
 		      seal_tally_entry *out, size_t max, size_t *nout,
-		      char *err, size_t errlen) IP_WUR;
+		      char *err, size_t errlen) MUST_CHECK;
 
 #endif

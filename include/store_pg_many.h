@@ -17,7 +17,7 @@
  * any of the inserts may have committed (a claim repeated with the same
  * owner token carries on as that attempt). */
 int store_claim_new_many(store *s, const claim_req *const *reqs, int n,
-			 bool *inserted, char *err, size_t errlen) IP_WUR;
+			 bool *inserted, char *err, size_t errlen) MUST_CHECK;
 
 /* n completes (1..STORE_MANY_MAX) in one statement and one commit, without
  * repeat handling or NOTIFY: updated[i] says attempt i's record was
@@ -28,6 +28,6 @@ int store_claim_new_many(store *s, const claim_req *const *reqs, int n,
  * committed). */
 int store_complete_many(store *s, const complete_req *const *reqs, int n,
 			bool *updated, bool *marked, bool *resent, char *err,
-			size_t errlen) IP_WUR;
+			size_t errlen) MUST_CHECK;
 
 #endif

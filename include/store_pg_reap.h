@@ -11,24 +11,24 @@
  * first). since advances to the last lease walked, and *more says a full
  * batch was walked. */
 int store_reap_leases(store *s, int batch, char *since, size_t since_len,
-		      ip_buf *held, int *released, bool *more, char *err,
-		      size_t errlen) IP_WUR;
+		      growbuf *held, int *released, bool *more, char *err,
+		      size_t errlen) MUST_CHECK;
 /* The walk's safety net: releases the processing rows whose lease ended
  * (not held) in pages [*page, *page + pages) of the table, whatever their
  * place in the walk; held ones join *held. *page moves on, back to 0 after
  * the table's last page. On a distributed store each shard keeps its own
  * page in the map (held) and page is not used. */
-int store_sweep_leases(store *s, int pages, int64_t *page, ip_buf *held,
-		       int *released, char *err, size_t errlen) IP_WUR;
+int store_sweep_leases(store *s, int pages, int64_t *page, growbuf *held,
+		       int *released, char *err, size_t errlen) MUST_CHECK;
 int store_purge_expired(store *s, int batch, int *purged, char *err,
-			size_t errlen) IP_WUR;
+			size_t errlen) MUST_CHECK;
 /* Processing rows and the oldest one's age, from since and held as the
  * walk left them; held keeps the rows still held.
  * On a distributed store (store_set_distributed) both walk every shard
  * from its own place: held is then the map of each shard's since and held
  * rows (JSON, empty at first), and since is not used. */
-int store_processing_stats(store *s, const char *since, ip_buf *held,
+int store_processing_stats(store *s, const char *since, growbuf *held,
 			   int64_t *count, double *oldest_age_s, char *err,
-			   size_t errlen) IP_WUR;
+			   size_t errlen) MUST_CHECK;
 
 #endif

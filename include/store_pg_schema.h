@@ -8,13 +8,13 @@
 
 /* Schema: the highest applied migration (0 if none). */
 int store_schema_version(store *s, int *version, char *err,
-			 size_t errlen) IP_WUR;
+			 size_t errlen) MUST_CHECK;
 /* Applies the embedded migrations the database lacks; *applied counts them. */
-int store_migrate(store *s, int *applied, char *err, size_t errlen) IP_WUR;
+int store_migrate(store *s, int *applied, char *err, size_t errlen) MUST_CHECK;
 /* The secret that keys the NOTIFY payloads (migration 011), read once at
  * start; every instance reads the same one. */
 int store_wake_key_read(store *s, wake_key *out, char *err,
-			size_t errlen) IP_WUR;
+			size_t errlen) MUST_CHECK;
 /* The version this binary expects (the highest embedded migration). */
 int store_expected_version(void);
 
@@ -27,13 +27,13 @@ enum store_layout {
 	STORE_CITUS_DISTRIBUTED, /* by tenant, the functions with it */
 };
 int store_layout_get(store *s, enum store_layout *out, char *err,
-		     size_t errlen) IP_WUR;
+		     size_t errlen) MUST_CHECK;
 /* One line saying how the layout disagrees with the setting, or NULL. */
 const char *store_layout_mismatch(enum store_layout l, bool citus);
 /* On a Citus coordinator, after store_migrate: distributes the records by
  * tenant (copying the rows of a store migrated plain; *converted then) if
  * not done yet, and the proxy's functions with them. Idempotent. */
 int store_distribute(store *s, bool *converted, char *err,
-		     size_t errlen) IP_WUR;
+		     size_t errlen) MUST_CHECK;
 
 #endif

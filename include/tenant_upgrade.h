@@ -15,6 +15,7 @@
  * into the table migration 003 reads; when it has, drops a table left
  * behind. Likewise for 010 and each jwt route with its issuer. Run before
  * store_migrate. 0 or -1 with err. */
-int tenant_upgrade_stage(const config *cfg, char *err, size_t errlen) IP_WUR;
+int tenant_upgrade_stage(const config *cfg, char *err,
+			 size_t errlen) MUST_CHECK;
 
 #endif

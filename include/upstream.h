@@ -11,7 +11,7 @@
 #include "util.h"
 
 /* Call once, before any thread starts. */
-int upstream_global_init(void) IP_WUR;
+int upstream_global_init(void) MUST_CHECK;
 
 typedef struct upstream upstream;
 
@@ -33,7 +33,7 @@ typedef struct upstream_req {
 	size_t body_len;
 	int64_t timeout_ms;
 	/* When > 0: the call ends by then whatever timeout_ms says (ms on
-	 * ip_now_ms's clock), fresh connection after a stale one included. */
+	 * mono_ms's clock), fresh connection after a stale one included. */
 	double deadline_ms;
 	int64_t max_response;    /* a larger body is not held: too_large */
 } upstream_req;
@@ -43,7 +43,7 @@ typedef struct upstream_resp {
 	int status;
 	header_list headers;     /* without hop-by-hop and framing headers,
 				  * those named in Connection, and trailers */
-	ip_buf body;
+	growbuf body;
 	/* The body went past max_response: the transfer was cut (and its
 	 * connection closed), the status is known, the body is empty. */
 	bool too_large;

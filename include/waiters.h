@@ -44,7 +44,7 @@ void waiters_set_max(waiters *w, int max_waiters, int max_per_tenant);
  * of its tenant's (kept until waiters_leave, across its claims). False,
  * counted as rejected_full or rejected_tenant_full, when the pool or the
  * tenant's share is taken, or as shutdown when the process is stopping. */
-bool waiters_admit(waiters *w, job *j, const char *tenant) IP_WUR;
+bool waiters_admit(waiters *w, job *j, const char *tenant) MUST_CHECK;
 /* The job stops waiting with outcome (replayed, took_over, timed_out, ...):
  * frees its place, observes its wait time, logs a line. */
 void waiters_leave(waiters *w, job *j, const char *outcome);
@@ -56,7 +56,7 @@ uint64_t waiters_generation(waiters *w);
  * original's lease end: its lease may be taken over) or its wait_until_ms.
  * False when the process is stopping (the job is the caller's again). */
 bool waiters_park(waiters *w, job *j, const uint8_t scope[WAKE_SCOPE_LEN],
-		  double recheck_ms, uint64_t generation) IP_WUR;
+		  double recheck_ms, uint64_t generation) MUST_CHECK;
 
 /* Every waiter for scope claims again. Cheap when nobody waits. */
 void waiters_wake(waiters *w, const uint8_t scope[WAKE_SCOPE_LEN]);

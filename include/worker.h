@@ -24,7 +24,7 @@ worker_pool *worker_pool_start(int workers, int queue_size,
 /* The workers' scheduler. */
 struct fiber_sched *worker_pool_sched(worker_pool *p);
 /* False (item not taken) when the queue is full or the pool is stopping. */
-bool worker_pool_submit(worker_pool *p, void *item) IP_WUR;
+bool worker_pool_submit(worker_pool *p, void *item) MUST_CHECK;
 /* A new bound for items waiting (a reload); what already waits stays. */
 void worker_pool_set_queue_size(worker_pool *p, int queue_size);
 /* Items queued or being handled. */

@@ -11,7 +11,7 @@
 FUZZ_CC      ?= clang
 FUZZ_BUILD   := build-fuzz
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS ?= idkey json pathtpl units config keys jsonptr jwt http_head
+FUZZ_TARGETS ?= key_header json pathtpl units config keys jsonptr jwt http_head
 
 FUZZ_SAN    := -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_CFLAGS := -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -std=gnu11 \
@@ -23,17 +23,17 @@ FUZZ_LIBS   := $(shell pkg-config --libs jansson libcrypto libconfig jose 2>/dev
 
 # The sources each target links: the parser and what it calls, no I/O layers.
 fuzz_objs = $(patsubst %,$(FUZZ_BUILD)/obj/%.o,$(1) util)
-FUZZ_DEPS_idkey   := $(call fuzz_objs,idkey)
-FUZZ_DEPS_json    := $(call fuzz_objs,fingerprint jsonptr)
-FUZZ_DEPS_pathtpl := $(call fuzz_objs,pathtpl)
-FUZZ_DEPS_units   := $(call fuzz_objs,units)
-FUZZ_DEPS_config  := $(call fuzz_objs,config config_conv config_route route \
-			pathtpl units seal keyparts \
-			jsonptr jwt_auth fingerprint idkey http_msg)
-FUZZ_DEPS_keys    := $(call fuzz_objs,seal)
-FUZZ_DEPS_jsonptr := $(call fuzz_objs,jsonptr)
-FUZZ_DEPS_jwt     := $(call fuzz_objs,jwt_auth)
-FUZZ_DEPS_http_head := $(call fuzz_objs,http_head)
+FUZZ_DEPS_key_header := $(call fuzz_objs,key_header)
+FUZZ_DEPS_json       := $(call fuzz_objs,fingerprint jsonptr)
+FUZZ_DEPS_pathtpl    := $(call fuzz_objs,pathtpl)
+FUZZ_DEPS_units      := $(call fuzz_objs,units)
+FUZZ_DEPS_config     := $(call fuzz_objs,config config_conv config_route route \
+			pathtpl units seal key_from \
+			jsonptr jwt_auth fingerprint key_header http_msg)
+FUZZ_DEPS_keys       := $(call fuzz_objs,seal)
+FUZZ_DEPS_jsonptr    := $(call fuzz_objs,jsonptr)
+FUZZ_DEPS_jwt        := $(call fuzz_objs,jwt_auth)
+FUZZ_DEPS_http_head  := $(call fuzz_objs,http_head)
 
 FUZZ_BINS := $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
 FUZZ_OBJS := $(sort $(foreach t,$(FUZZ_TARGETS),$(FUZZ_DEPS_$(t))))

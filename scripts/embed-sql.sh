@@ -10,7 +10,7 @@ for f in "$@"; do
 	echo ", 0x00 };"
 	i=$((i + 1))
 done
-echo "const struct migration ip_migrations[] = {"
+echo "const struct migration embedded_migrations[] = {"
 i=0
 for f in "$@"; do
 	base=$(basename "$f" .sql)
@@ -19,4 +19,4 @@ for f in "$@"; do
 	i=$((i + 1))
 done
 echo "};"
-echo "const int ip_n_migrations = $i;"
+echo "const int n_embedded_migrations = $i;"

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "idem.h"
+#include "decide.h"
 #include "listen_addr.h"
 #include "log.h"
 #include "metrics.h"
@@ -64,7 +64,7 @@ static void loggable(const char *s, char *out, size_t n)
 }
 
 static enum MHD_Result reply(struct MHD_Connection *conn, int status,
-			     const char *type, ip_buf *body,
+			     const char *type, growbuf *body,
 			     const char *extra_name, const char *extra_value)
 {
 	struct MHD_Response *r = MHD_create_response_from_buffer(
@@ -85,7 +85,7 @@ static enum MHD_Result problem_with(struct MHD_Connection *conn, int status,
 				    const char *extra_name,
 				    const char *extra_value)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	problem_render(&b, status, code, detail, NULL);
 	return reply(conn, status, PROBLEM_CONTENT_TYPE, &b, extra_name,
 		     extra_value);
@@ -102,10 +102,10 @@ static enum MHD_Result reply_json(struct MHD_Connection *conn, int status,
 {
 	char *s = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
 	json_decref(doc);
-	ip_buf b = {0};
+	growbuf b = {0};
 	if (s) {
-		ip_buf_puts(&b, s);
-		ip_buf_puts(&b, "\n");
+		growbuf_puts(&b, s);
+		growbuf_puts(&b, "\n");
 		free(s);
 	}
 	return reply(conn, status, JSON_TYPE, &b, NULL, NULL);
@@ -150,7 +150,7 @@ bool admin_token_ok(const char *header, const char *token)
 {
 	if (!header || !token || !token[0])
 		return false;
-	if (!ip_strncaseeq(header, "Bearer", 6) ||
+	if (!str_ncaseeq(header, "Bearer", 6) ||
 	    (header[6] != ' ' && header[6] != '\t'))
 		return false;
 	const char *p = header + 6;
@@ -222,7 +222,7 @@ static json_t *headers_json(const char *lines, size_t len)
 	if (!lines)
 		return arr;
 	header_list h = {0};
-	idem_decode_replay_headers(lines, len, &h);
+	decide_decode_replay_headers(lines, len, &h);
 	for (size_t i = 0; i < h.n; i++) {
 		json_t *pair = json_array();
 		json_array_append_new(pair, jbytes(h.v[i].name));
@@ -304,7 +304,7 @@ static int parse_key_path(const char *rest, key_path *k)
 
 /* The audit fields of an action. The tenant, operation and key are the
  * caller's decoded path segments: quoted, so they cannot forge fields. */
-static void action_fields(ip_buf *b, const char *who, const char *method,
+static void action_fields(growbuf *b, const char *who, const char *method,
 			  const key_path *k)
 {
 	log_field(b, "remote", who);
@@ -317,11 +317,11 @@ static void action_fields(ip_buf *b, const char *who, const char *method,
 static void log_action(const char *who, const char *method,
 		       const key_path *k, const char *result)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	action_fields(&b, who, method, k);
 	log_field(&b, "result", result);
 	log_info("admin action", "%s", b.data);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 /* The store connection is shared by the listener's threads; its
@@ -338,11 +338,11 @@ static enum MHD_Result store_failed(struct MHD_Connection *conn,
 				    const char *who, const char *method,
 				    const key_path *k, const char *err)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	action_fields(&b, who, method, k);
 	log_field(&b, "error", err);
 	log_warn("admin action failed", "%s", b.data);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	return problem_with(conn, 503, "idempotency_store_unavailable",
 			    "the idempotency store cannot be reached; retry "
 			    "later",
@@ -384,16 +384,16 @@ static enum MHD_Result refuse_in_flight(struct MHD_Connection *conn,
 		 "at %s; releasing it now would let a retry run beside it. "
 		 "Wait for the lease to end, or add ?force=true",
 		 lease_until);
-	ip_buf b = {0};
+	growbuf b = {0};
 	problem_render(&b, 409, "attempt_in_flight", detail, NULL);
 	json_t *doc = json_loadb(b.data, b.len, 0, NULL);
-	ip_buf_free(&b);
-	IP_ASSERT(doc != NULL);
+	growbuf_free(&b);
+	ALWAYS_ASSERT(doc != NULL);
 	json_object_set_new(doc, "lease_until", jstr(lease_until));
 	char *text = json_dumps(doc, JSON_INDENT(2));
 	json_decref(doc);
-	ip_buf_append(&b, text, strlen(text));
-	ip_buf_append(&b, "\n", 1);
+	growbuf_append(&b, text, strlen(text));
+	growbuf_append(&b, "\n", 1);
 	free(text);
 	return reply(conn, 409, PROBLEM_CONTENT_TYPE, &b, NULL, NULL);
 }
@@ -467,7 +467,7 @@ static bool admin_gate(admin *a, struct MHD_Connection *conn,
 	loggable(path, shown, sizeof shown);
 	loggable(method, verb, sizeof verb);
 	method = verb;
-	ip_buf f = {0};
+	growbuf f = {0};
 	log_field(&f, "remote", who);
 	log_field(&f, "method", method);
 	log_field(&f, "path", shown);
@@ -476,7 +476,7 @@ static bool admin_gate(admin *a, struct MHD_Connection *conn,
 		log_info("admin request refused", "%s", f.data);
 	else
 		log_warn("admin request refused", "%s", f.data);
-	ip_buf_free(&f);
+	growbuf_free(&f);
 	if (disabled) {
 		*answer = problem(conn, 404, "not_found",
 				  "the admin API is disabled (admin_token is "
@@ -570,20 +570,20 @@ static enum MHD_Result handle_ready(admin *a, struct MHD_Connection *conn)
 {
 	char err[512];
 	if (loop_stalled(a, err, sizeof err)) {
-		ip_buf b = {0};
-		ip_buf_printf(&b, "not ready: %s\n", err);
+		growbuf b = {0};
+		growbuf_printf(&b, "not ready: %s\n", err);
 		return reply(conn, 503, "text/plain", &b, NULL, NULL);
 	}
 	lock_store(a);
 	int rc = store_admin_ready(a->st, store_expected_version(), err,
 				   sizeof err);
 	pthread_mutex_unlock(&a->mu);
-	ip_buf b = {0};
+	growbuf b = {0};
 	if (rc == 0) {
-		ip_buf_puts(&b, "ready\n");
+		growbuf_puts(&b, "ready\n");
 		return reply(conn, 200, "text/plain", &b, NULL, NULL);
 	}
-	ip_buf_printf(&b, "not ready: %s\n", err);
+	growbuf_printf(&b, "not ready: %s\n", err);
 	return reply(conn, 503, "text/plain", &b, NULL, NULL);
 }
 
@@ -619,9 +619,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 			       "no such admin endpoint");
 	if (!get)
 		return get_only(conn, method);
-	ip_buf b = {0};
+	growbuf b = {0};
 	if (!strcmp(path, "/healthz")) {
-		ip_buf_puts(&b, "ok\n");
+		growbuf_puts(&b, "ok\n");
 		return reply(conn, 200, "text/plain", &b, NULL, NULL);
 	}
 	if (!strcmp(path, "/readyz"))

@@ -31,7 +31,7 @@ bool busy_spin(double *deadline_ms)
 	if (b <= 0 ||
 	    atomic_load_explicit(&with_workers, memory_order_relaxed) > 1)
 		return false;
-	*deadline_ms = ip_now_ms() + (double)b;
+	*deadline_ms = mono_ms() + (double)b;
 	return true;
 }
 
@@ -42,7 +42,7 @@ void busy_relax(void)
 
 void busy_account(double started_ms, double deadline_ms)
 {
-	double end = ip_now_ms();
+	double end = mono_ms();
 	if (end > deadline_ms)
 		end = deadline_ms;
 	double us = (end - started_ms) * 1000.0;

@@ -71,7 +71,7 @@ static size_t each_elem(const header_list *h, const char *name, elem_fn fn,
 {
 	size_t n = 0;
 	for (size_t i = 0; i < h->n; i++) {
-		if (!ip_strcaseeq(h->v[i].name, name))
+		if (!str_caseeq(h->v[i].name, name))
 			continue;
 		n++;
 		const char *p = h->v[i].value, *end = p + strlen(p);
@@ -90,7 +90,7 @@ static size_t each_elem(const header_list *h, const char *name, elem_fn fn,
 
 static bool name_is(const char *s, size_t n, const char *name)
 {
-	return strlen(name) == n && ip_strncaseeq(s, name, n);
+	return strlen(name) == n && str_ncaseeq(s, name, n);
 }
 
 /* x-gzip is gzip (RFC 9110 8.4.1.3). */
@@ -104,7 +104,7 @@ static bool same_coding(const char *a, size_t an, const char *b, size_t bn)
 		b = "gzip";
 		bn = 4;
 	}
-	return an == bn && ip_strncaseeq(a, b, an);
+	return an == bn && str_ncaseeq(a, b, an);
 }
 
 static bool decodable(const char *s, size_t n)
@@ -115,18 +115,18 @@ static bool decodable(const char *s, size_t n)
 
 static bool join_elem(const coding_elem *el, void *arg)
 {
-	ip_buf *out = arg;
+	growbuf *out = arg;
 	if (name_is(el->name, el->name_len, "identity"))
 		return true;
 	if (out->len)
-		ip_buf_puts(out, ", ");
-	ip_buf_append(out, el->name, el->name_len);
+		growbuf_puts(out, ", ");
+	growbuf_append(out, el->name, el->name_len);
 	return true;
 }
 
-bool coding_of(const header_list *resp, ip_buf *out)
+bool coding_of(const header_list *resp, growbuf *out)
 {
-	ip_buf_reset(out);
+	growbuf_reset(out);
 	each_elem(resp, "Content-Encoding", join_elem, out);
 	return out->len > 0;
 }
@@ -185,29 +185,29 @@ bool coding_accepted(const header_list *req, const char *ce)
 
 static bool keep_decodable(const coding_elem *el, void *arg)
 {
-	ip_buf *out = arg;
+	growbuf *out = arg;
 	if (!decodable(el->name, el->name_len))
 		return true;
 	if (out->len)
-		ip_buf_puts(out, ", ");
-	ip_buf_append(out, el->all, el->all_len);
+		growbuf_puts(out, ", ");
+	growbuf_append(out, el->all, el->all_len);
 	return true;
 }
 
-bool coding_upstream_accept(const header_list *req, ip_buf *out)
+bool coding_upstream_accept(const header_list *req, growbuf *out)
 {
-	ip_buf_reset(out);
+	growbuf_reset(out);
 	if (!each_elem(req, "Accept-Encoding", keep_decodable, out))
 		return false;
 	if (!out->len)
-		ip_buf_puts(out, "identity");
+		growbuf_puts(out, "identity");
 	return true;
 }
 
 /* One zlib pass: windowBits 16 + 15 is gzip (members may follow one
  * another), 15 the zlib format, -15 raw deflate. */
 static int inflate_into(const char *in, size_t len, int wbits, int64_t max,
-			ip_buf *out, char *err, size_t errlen)
+			growbuf *out, char *err, size_t errlen)
 {
 	z_stream z;
 	memset(&z, 0, sizeof z);
@@ -248,7 +248,7 @@ static int inflate_into(const char *in, size_t len, int wbits, int64_t max,
 			ret = -1;
 			break;
 		}
-		ip_buf_append(out, chunk, got);
+		growbuf_append(out, chunk, got);
 		if (rc == Z_OK && got == 0 && z.avail_in == 0) {
 			snprintf(err, errlen, "truncated compressed data");
 			ret = -1;
@@ -260,11 +260,11 @@ static int inflate_into(const char *in, size_t len, int wbits, int64_t max,
 }
 
 static int decode_one(const char *c, size_t n, const char *in, size_t len,
-		      int64_t max, ip_buf *out, char *err, size_t errlen)
+		      int64_t max, growbuf *out, char *err, size_t errlen)
 {
-	ip_buf_reset(out);
+	growbuf_reset(out);
 	if (name_is(c, n, "identity")) {
-		ip_buf_append(out, in, len);
+		growbuf_append(out, in, len);
 		return 0;
 	}
 	if (name_is(c, n, "gzip") || name_is(c, n, "x-gzip"))
@@ -275,7 +275,7 @@ static int decode_one(const char *c, size_t n, const char *in, size_t len,
 		if (inflate_into(in, len, MAX_WBITS, max, out, err, errlen) ==
 		    0)
 			return 0;
-		ip_buf_reset(out);
+		growbuf_reset(out);
 		return inflate_into(in, len, -MAX_WBITS, max, out, err, errlen);
 	}
 	snprintf(err, errlen, "the proxy cannot decode the %.*s coding",
@@ -301,7 +301,7 @@ static bool collect(const coding_elem *el, void *arg)
 }
 
 int coding_decode(const char *ce, const char *in, size_t len, int64_t max,
-		  ip_buf *out, char *err, size_t errlen)
+		  growbuf *out, char *err, size_t errlen)
 {
 	header_list one = {0};
 	header_list_add(&one, "Content-Encoding", 16, ce, strlen(ce));
@@ -312,23 +312,23 @@ int coding_decode(const char *ce, const char *in, size_t len, int64_t max,
 		snprintf(err, errlen, "too many content codings");
 		rc = -1;
 	}
-	ip_buf cur = {0}, next = {0};
-	ip_buf_append(&cur, in, len);
+	growbuf cur = {0}, next = {0};
+	growbuf_append(&cur, in, len);
 	/* the last coding listed was applied last: undo it first */
 	for (size_t i = names.n; rc == 0 && i-- > 0;) {
 		rc = decode_one(names.v[i].name, names.v[i].name_len, cur.data,
 				cur.len, max, &next, err, errlen);
-		ip_buf t = cur;
+		growbuf t = cur;
 		cur = next;
 		next = t;
 	}
 	header_list_free(&one);
-	ip_buf_free(&next);
+	growbuf_free(&next);
 	if (rc) {
-		ip_buf_free(&cur);
+		growbuf_free(&cur);
 		return -1;
 	}
-	ip_buf_free(out);
+	growbuf_free(out);
 	*out = cur;
 	return 0;
 }
@@ -338,14 +338,14 @@ void coding_mark_decoded(header_list *resp)
 	size_t k = 0;
 	for (size_t i = 0; i < resp->n; i++) {
 		http_header *h = &resp->v[i];
-		if (ip_strcaseeq(h->name, "Content-Encoding")) {
+		if (str_caseeq(h->name, "Content-Encoding")) {
 			free(h->name);
 			free(h->value);
 			continue;
 		}
-		if (ip_strcaseeq(h->name, "ETag") && h->value[0] == '"') {
-			ip_buf w = {0};
-			ip_buf_printf(&w, "W/%s", h->value);
+		if (str_caseeq(h->name, "ETag") && h->value[0] == '"') {
+			growbuf w = {0};
+			growbuf_printf(&w, "W/%s", h->value);
 			free(h->value);
 			h->value = w.data;
 		}

@@ -291,14 +291,14 @@ static bool cfg_same(const cfg_opt *o, const config *a, const config *b)
 		return CFG_VAL(o, a, int) == CFG_VAL(o, b, int);
 	if (o->conv == cfg_conv_duration || o->conv == cfg_conv_size)
 		return CFG_VAL(o, a, int64_t) == CFG_VAL(o, b, int64_t);
-	IP_ASSERT(o->conv == cfg_conv_flag);
+	ALWAYS_ASSERT(o->conv == cfg_conv_flag);
 	return CFG_VAL(o, a, bool) == CFG_VAL(o, b, bool);
 }
 
 size_t config_restart_changes(const config *running, const config *next,
 			      char *buf, size_t len)
 {
-	ip_buf names = {0};
+	growbuf names = {0};
 	size_t n = 0;
 	for (size_t i = 0; i < CFG_N(cfg_all_tables); i++) {
 		/* Routes are replaced as a whole, on every reload. */
@@ -309,15 +309,15 @@ size_t config_restart_changes(const config *running, const config *next,
 			if (o->reload != CFG_RESTART ||
 			    cfg_same(o, running, next))
 				continue;
-			ip_buf_printf(&names, "%s%s%s%s", n ? "," : "",
-				      cfg_all_tables[i].scope,
-				      *cfg_all_tables[i].scope ? "." : "",
-				      o->name);
+			growbuf_printf(&names, "%s%s%s%s", n ? "," : "",
+				       cfg_all_tables[i].scope,
+				       *cfg_all_tables[i].scope ? "." : "",
+				       o->name);
 			n++;
 		}
 	}
 	snprintf(buf, len, "%s", names.data ? names.data : "");
-	ip_buf_free(&names);
+	growbuf_free(&names);
 	return n;
 }
 
@@ -334,18 +334,18 @@ static const cfg_opt *cfg_find(const cfg_opt *opts, size_t n,
 
 static void cfg_builtin_load(config_t *lc)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	for (size_t i = 0; i < CFG_N(cfg_scopes); i++) {
-		ip_buf_printf(&b, "%s = {\n", cfg_scopes[i].name);
+		growbuf_printf(&b, "%s = {\n", cfg_scopes[i].name);
 		for (size_t j = 0; j < cfg_scopes[i].n; j++)
-			ip_buf_printf(&b, "  %s = %s;\n",
-				      cfg_scopes[i].opts[j].name,
-				      cfg_scopes[i].opts[j].def);
-		ip_buf_puts(&b, "};\n");
+			growbuf_printf(&b, "  %s = %s;\n",
+				       cfg_scopes[i].opts[j].name,
+				       cfg_scopes[i].opts[j].def);
+		growbuf_puts(&b, "};\n");
 	}
 	config_init(lc);
-	IP_ASSERT(config_read_string(lc, b.data) == CONFIG_TRUE);
-	ip_buf_free(&b);
+	ALWAYS_ASSERT(config_read_string(lc, b.data) == CONFIG_TRUE);
+	growbuf_free(&b);
 }
 
 const config_setting_t *cfg_member(const config_setting_t *g, const char *name)
@@ -379,11 +379,11 @@ int cfg_apply(cfg_ctx *x, const char *scope, const cfg_opt *opts, size_t n,
 					prefix, o->name);
 		if (builtin)
 			s = cfg_builtin(x, scope, o->name);
-		IP_ASSERT(s);
+		ALWAYS_ASSERT(s);
 		char why[CFG_WHY];
 		if (o->conv(o, s, base, why, sizeof why) == 0)
 			continue;
-		IP_ASSERT(!builtin);
+		ALWAYS_ASSERT(!builtin);
 		return cfg_fail(x, s, "%s%s: %s", prefix, o->name, why);
 	}
 	return 0;
@@ -607,7 +607,7 @@ void config_unref(config *c)
 		return;
 	int before =
 		atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel);
-	IP_ASSERT(before > 0);
+	ALWAYS_ASSERT(before > 0);
 	if (before == 1)
 		cfg_free(c);
 }

@@ -177,9 +177,9 @@ int config_split_listen(const char *s, char *host, size_t hostlen, int *port,
 int cfg_check_upstream(const char *url, char **out, char *why, size_t whylen)
 {
 	const char *scheme = NULL;
-	if (ip_strncaseeq(url, "http://", 7))
+	if (str_ncaseeq(url, "http://", 7))
 		scheme = "http://";
-	else if (ip_strncaseeq(url, "https://", 8))
+	else if (str_ncaseeq(url, "https://", 8))
 		scheme = "https://";
 	if (!scheme)
 		return cfg_why(why, whylen,
@@ -318,7 +318,7 @@ int cfg_conv_duration(const cfg_opt *o, const config_setting_t *s, void *base,
 		return -1;
 	const char *v = config_setting_get_string(s);
 	int64_t ms;
-	if (ip_parse_duration_ms(v, &ms) < 0)
+	if (parse_duration_ms(v, &ms) < 0)
 		return cfg_why(why, whylen,
 			       "bad duration \"%s\" (use a number and a unit: "
 			       "250ms, 30s, 5m, 24h, 7d)",
@@ -347,7 +347,7 @@ int cfg_conv_size(const cfg_opt *o, const config_setting_t *s, void *base,
 				    whylen) < 0)
 			return -1;
 		const char *v = config_setting_get_string(s);
-		if (ip_parse_size(v, &b) < 0)
+		if (parse_size(v, &b) < 0)
 			return cfg_why(why, whylen,
 				       "bad size \"%s\" (use e.g. 512KiB, "
 				       "1MiB, 2GiB)",
@@ -369,13 +369,13 @@ int cfg_conv_size(const cfg_opt *o, const config_setting_t *s, void *base,
 static int cfg_why_choices(const cfg_opt *o, const char *quote, char *why,
 			   size_t whylen)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	for (const cfg_choice *c = o->choices; c->name; c++)
-		ip_buf_printf(&b, "%s%s%s%s",
-			      c == o->choices ? "" : c[1].name ? ", " : " or ",
-			      quote, c->name, quote);
+		growbuf_printf(&b, "%s%s%s%s",
+			       c == o->choices ? "" : c[1].name ? ", " : " or ",
+			       quote, c->name, quote);
 	cfg_why(why, whylen, "must be %s", b.data);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	return -1;
 }
 

@@ -78,8 +78,8 @@ int cfg_conv_replay_headers(const cfg_opt *o, const config_setting_t *s,
 	if (cfg_strings(s, &l, "header name", cfg_is_token, why, whylen) < 0)
 		return -1;
 	for (size_t i = 0; i < l.n; i++) {
-		if (ip_strcaseeq(l.v[i], "Set-Cookie") ||
-		    ip_strcaseeq(l.v[i], "Date")) {
+		if (str_caseeq(l.v[i], "Set-Cookie") ||
+		    str_caseeq(l.v[i], "Date")) {
 			cfg_why(why, whylen,
 				"\"%s\" is never replayed; remove it", l.v[i]);
 			cfg_list_free(&l);
@@ -153,7 +153,7 @@ int cfg_conv_tenant(const cfg_opt *o, const config_setting_t *s, void *base,
 			return cfg_why(why, whylen,
 				       "\"%s\" is not a valid header name",
 				       arg);
-		if (ip_strcaseeq(arg, "Authorization"))
+		if (str_caseeq(arg, "Authorization"))
 			return cfg_why(why, whylen,
 				       "use tenant = \"authorization\", which "
 				       "hashes the credential instead of "
@@ -188,23 +188,23 @@ int cfg_conv_key_from(const cfg_opt *o, const config_setting_t *s, void *base,
 	str_list l;
 	if (cfg_strings(s, &l, "key part", cfg_any_string, why, whylen) < 0)
 		return -1;
-	keyparts kp = {0};
+	key_from_cfg kp = {0};
 	int rc = l.n ? 0
 		     : cfg_why(why, whylen,
 			       "must name at least one part, such as "
 			       "\"header:Idempotency-Key\"");
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
-		keypart part;
-		rc = keyparts_parse_part(l.v[i], &part, why, whylen);
+		key_part part;
+		rc = key_from_parse_part(l.v[i], &part, why, whylen);
 		if (rc == 0)
-			rc = keyparts_add(&kp, &part, why, whylen);
+			rc = key_from_add(&kp, &part, why, whylen);
 	}
 	cfg_list_free(&l);
 	if (rc < 0) {
-		keyparts_free(&kp);
+		key_from_free(&kp);
 		return -1;
 	}
-	*CFG_DST(o, base, keyparts) = kp;
+	*CFG_DST(o, base, key_from_cfg) = kp;
 	return 0;
 }
 
@@ -254,8 +254,8 @@ static char *cfg_path_near(const config_setting_t *s, const char *path)
 	const char *slash = conf ? strrchr(conf, '/') : NULL;
 	if (path[0] == '/' || !slash)
 		return xstrdup(path);
-	ip_buf b = {0};
-	ip_buf_printf(&b, "%.*s/%s", (int)(slash - conf), conf, path);
+	growbuf b = {0};
+	growbuf_printf(&b, "%.*s/%s", (int)(slash - conf), conf, path);
 	return b.data;
 }
 
@@ -291,7 +291,7 @@ static int cfg_jwt_algorithms(const config_setting_t *g, unsigned *out,
 			       "algorithms: name at least one algorithm");
 	for (size_t i = 0; rc == 0 && i < l.n; i++) {
 		unsigned a = jwt_alg_from_name(l.v[i]);
-		if (ip_strcaseeq(l.v[i], "none"))
+		if (str_caseeq(l.v[i], "none"))
 			rc = cfg_why(why, whylen,
 				     "algorithms: \"%s\" would accept "
 				     "unsigned tokens; it is never allowed",
@@ -335,7 +335,7 @@ static int cfg_jwt_fields(const config_setting_t *g, jwt_policy *p,
 	free(file);
 	const config_setting_t *lw = config_setting_get_member(g, "leeway");
 	const char *lv = lw ? config_setting_get_string(lw) : "30s";
-	if (!lv || ip_parse_duration_ms(lv, &p->leeway_ms) < 0 ||
+	if (!lv || parse_duration_ms(lv, &p->leeway_ms) < 0 ||
 	    p->leeway_ms > 5 * CFG_MS_MINUTE)
 		return cfg_why(why, whylen,
 			       "leeway: must be a duration of at most 5m, such "
@@ -425,7 +425,7 @@ void cfg_route_free(route_cfg *r)
 	free(r->release_statuses);
 	cfg_list_free(&r->replay_headers);
 	cfg_list_free(&r->fingerprint_headers);
-	keyparts_free(&r->key_from);
+	key_from_free(&r->key_from);
 	cfg_pointers_free(r->fp_ignore, r->n_fp_ignore);
 	cfg_pointers_free(r->fp_only, r->n_fp_only);
 	jwt_policy_free(r->jwt);
@@ -489,7 +489,7 @@ static int cfg_route_pair_rules(cfg_ctx *x, const route_cfg *r,
 				"= ...; algorithms = [...]; } group",
 				r->name, r->tenant_arg);
 	if (r->tenant_kind == TENANT_JWT &&
-	    ip_pct_escape(r->jwt->issuer, NULL, 0) > ROUTE_JWT_ISSUER_MAX)
+	    pct_escape(r->jwt->issuer, NULL, 0) > ROUTE_JWT_ISSUER_MAX)
 		return cfg_fail(x, cfg_blame(g, defaults, "jwt", "jwt"),
 				"route \"%s\": jwt.issuer is too long: the "
 				"stored tenant holds it in at most %d "
@@ -660,25 +660,25 @@ void config_print_routes(const config *c, FILE *out)
 	}
 	for (size_t i = 0; i < c->n_routes; i++) {
 		const route_cfg *r = &c->routes[i];
-		ip_buf m = {0};
+		growbuf m = {0};
 		for (size_t j = 0; j < r->methods.n; j++)
-			ip_buf_printf(&m, "%s%s", j ? "," : "",
-				      r->methods.v[j]);
+			growbuf_printf(&m, "%s%s", j ? "," : "",
+				       r->methods.v[j]);
 		char tenant[300], ttl[32], lease[32];
 		cfg_tenant_text(r, tenant, sizeof tenant);
 		cfg_fmt_ms(r->ttl_ms, ttl, sizeof ttl);
 		cfg_fmt_ms(r->lease_ms, lease, sizeof lease);
-		ip_buf from = {0};
+		growbuf from = {0};
 		for (size_t j = 0; !r->key_from.bare && j < r->key_from.n; j++)
-			ip_buf_printf(&from, "%s%s", j ? "," : " key_from=",
-				      r->key_from.v[j].spec);
+			growbuf_printf(&from, "%s%s", j ? "," : " key_from=",
+				       r->key_from.v[j].spec);
 		fprintf(out,
 			"%-*s  %-*s  -> %s  methods=%s key=%s%s tenant=%s "
 			"ttl=%s lease=%s\n",
 			wname, r->name, wpath, r->path, r->upstream, m.data,
 			r->key_required ? "required" : "optional",
 			from.data ? from.data : "", tenant, ttl, lease);
-		ip_buf_free(&from);
-		ip_buf_free(&m);
+		growbuf_free(&from);
+		growbuf_free(&m);
 	}
 }

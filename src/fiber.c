@@ -45,12 +45,12 @@ typedef struct fctx {
 	void *sp;
 } fctx;
 /* Saves the current stack in *from and continues on to. */
-void ip_fiber_switch(fctx *from, const fctx *to);
-#define FIBER_SWITCH(from, to) ip_fiber_switch(from, to)
+void fiber_switch_asm(fctx *from, const fctx *to);
+#define FIBER_SWITCH(from, to) fiber_switch_asm(from, to)
 #else
 #include <ucontext.h>
 typedef ucontext_t fctx;
-#define FIBER_SWITCH(from, to) IP_ASSERT(swapcontext(from, to) == 0)
+#define FIBER_SWITCH(from, to) ALWAYS_ASSERT(swapcontext(from, to) == 0)
 #endif
 
 enum fstate { F_RUNNABLE, F_RUNNING, F_WAITING, F_PARKED, F_DONE };
@@ -109,7 +109,7 @@ struct fiber_sched {
 	bool src_ready;
 	atomic_bool src_poked; /* fiber_sched_poke_source, from any thread */
 	atomic_bool sleeping;
-	/* When the loop is due to come round again (ip_now_ms's clock): now
+	/* When the loop is due to come round again (mono_ms's clock): now
 	 * while it runs, the end of its sleep while it sleeps. Read by other
 	 * threads (fiber_sched_lag_ms). */
 	_Atomic double due_ms;
@@ -320,8 +320,8 @@ int fiber_wait_fds(int n, const int *fds, const int *events, int *ready,
 		   double deadline_ms)
 {
 	fiber *f = tls_current;
-	IP_ASSERT(f);
-	IP_ASSERT(n > 0 || deadline_ms >= 0); /* else it never wakes */
+	ALWAYS_ASSERT(f);
+	ALWAYS_ASSERT(n > 0 || deadline_ms >= 0); /* else it never wakes */
 	fiber_sched *s = f->s;
 	f->got = 0;
 	for (int i = 0; i < n; i++) {
@@ -369,7 +369,7 @@ int fiber_wait_fd(int fd, int events, double deadline_ms)
 void fiber_yield(void)
 {
 	fiber *f = tls_current;
-	IP_ASSERT(f);
+	ALWAYS_ASSERT(f);
 	run_push(f->s, f);
 	to_sched(f);
 }
@@ -377,7 +377,7 @@ void fiber_yield(void)
 void fiber_park(void)
 {
 	fiber *f = tls_current;
-	IP_ASSERT(f);
+	ALWAYS_ASSERT(f);
 	fiber_sched *s = f->s;
 	pthread_mutex_lock(&s->mu);
 	if (f->wake_pending) {
@@ -434,7 +434,7 @@ static void ready_fd(fiber_sched *s, int fd, uint32_t ev)
 
 static int next_timeout(fiber_sched *s)
 {
-	double now = ip_now_ms(), first = -1;
+	double now = mono_ms(), first = -1;
 	for (int i = 0; i < s->nwaiting;) {
 		fiber *f = s->waiting[i];
 		if (f->deadline <= now) {
@@ -507,7 +507,7 @@ static int with_source(fiber_sched *s, int timeout, double *src_deadline)
 	int64_t t = s->src.timeout_ms(s->src.arg);
 	if (t < 0)
 		return timeout;
-	*src_deadline = ip_now_ms() + (double)t;
+	*src_deadline = mono_ms() + (double)t;
 	if (timeout < 0 || t < timeout)
 		return (int)t;
 	return timeout;
@@ -519,7 +519,7 @@ static void run_source(fiber_sched *s, double src_deadline)
 		s->src_ready = true;
 	if (!s->src.run)
 		return;
-	if (s->src_ready || (src_deadline >= 0 && ip_now_ms() >= src_deadline)) {
+	if (s->src_ready || (src_deadline >= 0 && mono_ms() >= src_deadline)) {
 		s->src_ready = false;
 		s->src.run(s->src.arg);
 	}
@@ -549,11 +549,11 @@ static bool busy_poll(fiber_sched *s, fiber_poll_hooks *hooks,
 		      double *src_deadline, int *timeout)
 {
 	int n = 0;
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	atomic_store_explicit(&s->due_ms, deadline, memory_order_relaxed);
 	while (!remote_pending(s) &&
 	       (n = epoll_wait(s->ep, evs, 64, 0)) == 0 &&
-	       ip_now_ms() < deadline)
+	       mono_ms() < deadline)
 		hooks->relax();
 	hooks->done(t0, deadline);
 	if (n > 0) {
@@ -581,7 +581,7 @@ static bool sleep_poll(fiber_sched *s, int timeout, struct epoll_event *evs,
 	bool capped = timeout < 0 || timeout > FIBER_BEAT_MS;
 	if (capped)
 		timeout = FIBER_BEAT_MS;
-	atomic_store_explicit(&s->due_ms, ip_now_ms() + timeout,
+	atomic_store_explicit(&s->due_ms, mono_ms() + timeout,
 			      memory_order_relaxed);
 	int n = epoll_wait(s->ep, evs, 64, timeout);
 	atomic_store(&s->sleeping, false);
@@ -601,7 +601,7 @@ static void *sched_main(void *arg)
 	/* The last sleep ended at the heartbeat with nothing to do. */
 	bool beat_only = false;
 	for (;;) {
-		atomic_store_explicit(&s->due_ms, ip_now_ms(),
+		atomic_store_explicit(&s->due_ms, mono_ms(),
 				      memory_order_relaxed);
 		take_calls(s);
 		take_remote(s);
@@ -633,13 +633,13 @@ fiber_sched *fiber_sched_start(size_t stack_size)
 	s->stack_size = (stack_size + page - 1) & ~(page - 1);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->calls_cv, NULL);
-	atomic_init(&s->due_ms, ip_now_ms());
+	atomic_init(&s->due_ms, mono_ms());
 	s->ep = epoll_create1(EPOLL_CLOEXEC);
 	s->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	IP_ASSERT(s->ep >= 0 && s->evfd >= 0);
+	ALWAYS_ASSERT(s->ep >= 0 && s->evfd >= 0);
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = s->evfd};
-	IP_ASSERT(epoll_ctl(s->ep, EPOLL_CTL_ADD, s->evfd, &ev) == 0);
-	IP_ASSERT(pthread_create(&s->thread, NULL, sched_main, s) == 0);
+	ALWAYS_ASSERT(epoll_ctl(s->ep, EPOLL_CTL_ADD, s->evfd, &ev) == 0);
+	ALWAYS_ASSERT(pthread_create(&s->thread, NULL, sched_main, s) == 0);
 	/* named so that tests and operators (top -H) find the serving
 	 * thread */
 	pthread_setname_np(s->thread, "ip-serve");
@@ -657,12 +657,12 @@ void fiber_spawn(fiber_sched *s, void (*fn)(void *), void *arg)
 	f->map_size = s->guard + s->stack_size;
 	f->map = mmap(NULL, f->map_size, PROT_READ | PROT_WRITE,
 		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-	IP_ASSERT(f->map != MAP_FAILED);
+	ALWAYS_ASSERT(f->map != MAP_FAILED);
 	/* the guard: an overflow faults instead of writing over another
 	 * fiber's stack */
-	IP_ASSERT(mprotect(f->map, s->guard, PROT_NONE) == 0);
+	ALWAYS_ASSERT(mprotect(f->map, s->guard, PROT_NONE) == 0);
 #ifdef FIBER_OWN_SWITCH
-	/* The frame ip_fiber_switch pops: MXCSR and the x87 control word at
+	/* The frame fiber_switch_asm pops: MXCSR and the x87 control word at
 	 * their defaults, six registers, then entry as the return address;
 	 * entry starts with the stack as after a call (8 mod 16), above it
 	 * a null return address. */
@@ -673,7 +673,7 @@ void fiber_spawn(fiber_sched *s, void (*fn)(void *), void *arg)
 	sp[7] = (uint64_t)(uintptr_t)entry;
 	f->ctx.sp = sp;
 #else
-	IP_ASSERT(getcontext(&f->ctx) == 0);
+	ALWAYS_ASSERT(getcontext(&f->ctx) == 0);
 	f->ctx.uc_stack.ss_sp = f->map + s->guard;
 	f->ctx.uc_stack.ss_size = s->stack_size;
 	f->ctx.uc_link = NULL;
@@ -730,7 +730,7 @@ static void do_set_source(void *arg)
 	if (!a->src)
 		return;
 	struct epoll_event ev = {.events = EPOLLIN, .data.fd = a->src->fd};
-	IP_ASSERT(epoll_ctl(s->ep, EPOLL_CTL_ADD, a->src->fd, &ev) == 0);
+	ALWAYS_ASSERT(epoll_ctl(s->ep, EPOLL_CTL_ADD, a->src->fd, &ev) == 0);
 	s->src = *a->src;
 	s->src_ready = true; /* a first look */
 }
@@ -749,8 +749,8 @@ void fiber_sched_set_source(fiber_sched *s, const fiber_source *src)
 
 double fiber_sched_lag_ms(fiber_sched *s)
 {
-	double lag = ip_now_ms() - atomic_load_explicit(&s->due_ms,
-							memory_order_relaxed);
+	double lag = mono_ms() - atomic_load_explicit(&s->due_ms,
+						      memory_order_relaxed);
 	return lag > 0 ? lag : 0;
 }
 

@@ -4,7 +4,7 @@
  * (%rsi) loaded and that stack's registers popped; ret then goes on where
  * the other side left off (or, the first time, at the fiber's entry).
  *
- * void ip_fiber_switch(fctx *from, const fctx *to);
+ * void fiber_switch_asm(fctx *from, const fctx *to);
  *
  * Control-flow protection (-fcf-protection): the function starts with
  * endbr64, so it may be reached by an indirect call under IBT. Shadow
@@ -16,11 +16,11 @@
 #if defined(__x86_64__) && defined(__ELF__)
 
 	.text
-	.globl	ip_fiber_switch
-	.hidden	ip_fiber_switch
-	.type	ip_fiber_switch, @function
+	.globl	fiber_switch_asm
+	.hidden	fiber_switch_asm
+	.type	fiber_switch_asm, @function
 	.p2align 4
-ip_fiber_switch:
+fiber_switch_asm:
 #if defined(__CET__) && (__CET__ & 1)
 	endbr64
 #endif
@@ -45,7 +45,7 @@ ip_fiber_switch:
 	popq	%rbx
 	popq	%rbp
 	ret
-	.size	ip_fiber_switch, .-ip_fiber_switch
+	.size	fiber_switch_asm, .-fiber_switch_asm
 
 #if defined(__CET__) && (__CET__ & 1)
 /* NT_GNU_PROPERTY_TYPE_0 with GNU_PROPERTY_X86_FEATURE_1_AND = IBT. */

@@ -124,7 +124,7 @@ static bool numbers_are_exact(const char *s, size_t len)
 
 static int dump_to_buf(const char *data, size_t size, void *arg)
 {
-	ip_buf_append(arg, data, size);
+	growbuf_append(arg, data, size);
 	return 0;
 }
 
@@ -150,7 +150,7 @@ static json_t *canon_load(const char *in, size_t len)
 }
 
 /* Appends the canonical form of a value; -1 (out untouched) on failure. */
-static int canon_dump(const json_t *v, ip_buf *out)
+static int canon_dump(const json_t *v, growbuf *out)
 {
 	size_t mark = out->len;
 	if (json_dump_callback(v, dump_to_buf, out, FP_DUMP_FLAGS) == 0)
@@ -161,7 +161,7 @@ static int canon_dump(const json_t *v, ip_buf *out)
 	return -1;
 }
 
-int fp_canon_json(const char *in, size_t len, ip_buf *out)
+int fp_canon_json(const char *in, size_t len, growbuf *out)
 {
 	if (out == NULL)
 		return -1;
@@ -229,12 +229,12 @@ static bool is_json_span(const char *s, size_t n)
 	const size_t al = sizeof app - 1, sl = sizeof suffix - 1;
 	const char *slash = memchr(s, '/', n);
 
-	if (n == al && ip_strncaseeq(s, app, al))
+	if (n == al && str_ncaseeq(s, app, al))
 		return true;
 	if (slash == NULL || slash == s)
 		return false;
 	size_t sub = n - (size_t)(slash + 1 - s);
-	return sub > sl && ip_strncaseeq(s + n - sl, suffix, sl);
+	return sub > sl && str_ncaseeq(s + n - sl, suffix, sl);
 }
 
 bool fp_is_json_media_type(const char *media_type)
@@ -258,8 +258,8 @@ static void free_ctx(void *ctx)
 static void fp_init_once(void)
 {
 	sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
-	IP_ASSERT(sha256 != NULL);
-	IP_ASSERT(pthread_key_create(&ctx_key, free_ctx) == 0);
+	ALWAYS_ASSERT(sha256 != NULL);
+	ALWAYS_ASSERT(pthread_key_create(&ctx_key, free_ctx) == 0);
 }
 
 /* One digest context per thread, reused across calls and freed when the
@@ -268,12 +268,12 @@ static EVP_MD_CTX *thread_ctx(void)
 {
 	EVP_MD_CTX *ctx;
 
-	IP_ASSERT(pthread_once(&fp_once, fp_init_once) == 0);
+	ALWAYS_ASSERT(pthread_once(&fp_once, fp_init_once) == 0);
 	ctx = pthread_getspecific(ctx_key);
 	if (ctx == NULL) {
 		ctx = EVP_MD_CTX_new();
-		IP_ASSERT(ctx != NULL);
-		IP_ASSERT(pthread_setspecific(ctx_key, ctx) == 0);
+		ALWAYS_ASSERT(ctx != NULL);
+		ALWAYS_ASSERT(pthread_setspecific(ctx_key, ctx) == 0);
 	}
 	return ctx;
 }
@@ -281,7 +281,7 @@ static EVP_MD_CTX *thread_ctx(void)
 static void put_bytes(EVP_MD_CTX *ctx, const void *p, size_t n)
 {
 	if (n > 0)
-		IP_ASSERT(EVP_DigestUpdate(ctx, p, n) == 1);
+		ALWAYS_ASSERT(EVP_DigestUpdate(ctx, p, n) == 1);
 }
 
 static void put_len(EVP_MD_CTX *ctx, uint64_t n)
@@ -341,12 +341,12 @@ enum {
 /* fingerprint_only: each pointer's value, canonical, or its absence. */
 static void put_only(EVP_MD_CTX *ctx, const fp_input *in, json_t *doc)
 {
-	ip_buf v = {0};
+	growbuf v = {0};
 	put_marker(ctx, FP_BODY_ONLY);
 	put_len(ctx, in->n_only);
 	for (size_t i = 0; i < in->n_only; i++) {
 		json_t *x = jsonptr_get(in->only[i], doc);
-		ip_buf_reset(&v);
+		growbuf_reset(&v);
 		if (x == NULL || canon_dump(x, &v) < 0) {
 			put_marker(ctx, FP_ABSENT);
 			continue;
@@ -354,7 +354,7 @@ static void put_only(EVP_MD_CTX *ctx, const fp_input *in, json_t *doc)
 		put_marker(ctx, FP_PRESENT);
 		put_field(ctx, v.data, v.len);
 	}
-	ip_buf_free(&v);
+	growbuf_free(&v);
 }
 
 /* The number check of canon_load looks at the whole text; here only the
@@ -437,14 +437,14 @@ static bool put_selected(EVP_MD_CTX *ctx, const fp_input *in,
 	free(copy);
 	if (doc == NULL)
 		return false;
-	ip_buf canon = {0};
+	growbuf canon = {0};
 	jsonptr_remove_all(in->ignore, in->n_ignore, doc);
 	bool ok = canon_dump(doc, &canon) == 0;
 	if (ok) {
 		put_marker(ctx, FP_BODY_IGNORING);
 		put_field(ctx, canon.data, canon.len);
 	}
-	ip_buf_free(&canon);
+	growbuf_free(&canon);
 	json_decref(doc);
 	return ok;
 }
@@ -458,14 +458,14 @@ static void put_body(EVP_MD_CTX *ctx, const fp_input *in, bool json)
 	    put_selected(ctx, in, body, len))
 		return;
 	if (json) {
-		ip_buf canon = { 0 };
+		growbuf canon = { 0 };
 		if (fp_canon_json(body, len, &canon) == 0) {
 			put_marker(ctx, FP_BODY_CANON);
 			put_field(ctx, canon.data, canon.len);
-			ip_buf_free(&canon);
+			growbuf_free(&canon);
 			return;
 		}
-		ip_buf_free(&canon);
+		growbuf_free(&canon);
 	}
 	put_marker(ctx, FP_BODY_RAW);
 	put_field(ctx, body, len);
@@ -475,7 +475,7 @@ static void put_body(EVP_MD_CTX *ctx, const fp_input *in, bool json)
 static void put_head(EVP_MD_CTX *ctx, const fp_input *in, const char **mt,
 		     size_t *mtlen)
 {
-	IP_ASSERT(EVP_DigestInit_ex2(ctx, sha256, NULL) == 1);
+	ALWAYS_ASSERT(EVP_DigestInit_ex2(ctx, sha256, NULL) == 1);
 	put_str(ctx, FP_VERSION_TAG);
 	put_str(ctx, in->method);
 	put_str(ctx, in->route);
@@ -500,8 +500,8 @@ static void put_head(EVP_MD_CTX *ctx, const fp_input *in, const char **mt,
 static void put_end(EVP_MD_CTX *ctx, uint8_t out[FP_LEN])
 {
 	unsigned int outlen = 0;
-	IP_ASSERT(EVP_DigestFinal_ex(ctx, out, &outlen) == 1);
-	IP_ASSERT(outlen == FP_LEN);
+	ALWAYS_ASSERT(EVP_DigestFinal_ex(ctx, out, &outlen) == 1);
+	ALWAYS_ASSERT(outlen == FP_LEN);
 }
 
 void fp_compute(const fp_input *in, uint8_t out[FP_LEN])
@@ -515,41 +515,41 @@ void fp_compute(const fp_input *in, uint8_t out[FP_LEN])
 }
 
 /* fp_raw_form's fields: a length (8 bytes, big-endian), then the bytes. */
-static void raw_len(ip_buf *out, uint64_t n)
+static void raw_len(growbuf *out, uint64_t n)
 {
 	uint8_t be[8];
 	for (int i = 7; i >= 0; i--) {
 		be[i] = (uint8_t)(n & 0xff);
 		n >>= 8;
 	}
-	ip_buf_append(out, be, sizeof be);
+	growbuf_append(out, be, sizeof be);
 }
 
-static void raw_str(ip_buf *out, const char *s)
+static void raw_str(growbuf *out, const char *s)
 {
 	size_t n = s ? strlen(s) : 0;
 	raw_len(out, n);
-	ip_buf_append(out, s ? s : "", n);
+	growbuf_append(out, s ? s : "", n);
 }
 
 /* A NULL string apart from an empty one. */
-static void raw_opt(ip_buf *out, const char *s)
+static void raw_opt(growbuf *out, const char *s)
 {
 	uint8_t m = s ? FP_PRESENT : FP_ABSENT;
-	ip_buf_append(out, &m, 1);
+	growbuf_append(out, &m, 1);
 	raw_str(out, s);
 }
 
-static void raw_pointers(ip_buf *out, jsonptr *const *p, size_t n)
+static void raw_pointers(growbuf *out, jsonptr *const *p, size_t n)
 {
 	raw_len(out, n);
 	for (size_t i = 0; i < n; i++)
 		raw_str(out, p[i]->text);
 }
 
-bool fp_raw_form(const fp_input *in, size_t max, ip_buf *out)
+bool fp_raw_form(const fp_input *in, size_t max, growbuf *out)
 {
-	ip_buf_reset(out);
+	growbuf_reset(out);
 	size_t body_len = in->body ? in->body_len : 0;
 	if (body_len > max)
 		return false;
@@ -565,6 +565,6 @@ bool fp_raw_form(const fp_input *in, size_t max, ip_buf *out)
 	raw_pointers(out, in->ignore, in->n_ignore);
 	raw_pointers(out, in->only, in->n_only);
 	raw_len(out, body_len);
-	ip_buf_append(out, in->body ? in->body : "", body_len);
+	growbuf_append(out, in->body ? in->body : "", body_len);
 	return out->len <= max;
 }

@@ -57,7 +57,7 @@ struct http_front {
 	bool watch_stop;
 	bool watch_started;
 	pthread_t watchdog;
-	ip_buf timeout_answer; /* a whole 408 response, written by the watchdog */
+	growbuf timeout_answer; /* a whole 408 response, written by the watchdog */
 	bool on_sched;         /* o.sched runs the daemon (start succeeded) */
 };
 
@@ -91,7 +91,7 @@ typedef struct req_ctx {
 static void slot_arm(conn_slot *s, enum phase ph, int64_t ms)
 {
 	s->phase = ph;
-	s->deadline_ms = ip_now_ms() + (double)ms;
+	s->deadline_ms = mono_ms() + (double)ms;
 }
 
 /* Moves the connection to its next phase; false when the watchdog already
@@ -131,7 +131,7 @@ static void *watchdog_main(void *arg)
 	http_front *f = arg;
 	pthread_mutex_lock(&f->mu);
 	while (!f->watch_stop) {
-		double now = ip_now_ms();
+		double now = mono_ms();
 		for (conn_slot *s = f->slots; s; s = s->next)
 			if (s->phase != PH_NONE && !atomic_load(&s->expired) &&
 			    now >= s->deadline_ms)
@@ -196,21 +196,21 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
 	*socket_ctx = NULL;
 }
 
-static void render_timeout_answer(ip_buf *out)
+static void render_timeout_answer(growbuf *out)
 {
-	ip_buf body = {0};
+	growbuf body = {0};
 	problem_render(&body, 408, "request_timeout",
 		       "the request head or body did not arrive within "
 		       "request_head_timeout or request_body_timeout",
 		       NULL);
-	ip_buf_printf(out,
-		      "HTTP/1.1 408 Request Timeout\r\n"
-		      "Connection: close\r\n"
-		      "Content-Type: " PROBLEM_CONTENT_TYPE "\r\n"
-		      "Content-Length: %zu\r\n\r\n",
-		      body.len);
-	ip_buf_append(out, body.data, body.len);
-	ip_buf_free(&body);
+	growbuf_printf(out,
+		       "HTTP/1.1 408 Request Timeout\r\n"
+		       "Connection: close\r\n"
+		       "Content-Type: " PROBLEM_CONTENT_TYPE "\r\n"
+		       "Content-Length: %zu\r\n\r\n",
+		       body.len);
+	growbuf_append(out, body.data, body.len);
+	growbuf_free(&body);
 }
 
 /* MHD hands the handler a decoded path without the query; the raw request
@@ -242,7 +242,7 @@ static enum MHD_Result collect_header(void *cls, enum MHD_ValueKind kind,
 	 * refuse the request instead. */
 	if (!http_head_name_ok(key, key_size) ||
 	    (value && !http_head_value_ok(value, value_size))) {
-		if (ip_strcaseeq(key, "Idempotency-Key"))
+		if (str_caseeq(key, "Idempotency-Key"))
 			c->bad_key = true;
 		else
 			c->bad_header = true;
@@ -444,10 +444,10 @@ static enum MHD_Result on_upload(req_ctx *c, const char *upload,
 	size_t max = (size_t)c->j->cfg->max_request_body;
 	if (!c->too_large && c->j->body.len + *upload_size > max) {
 		c->too_large = true;
-		ip_buf_free(&c->j->body);
+		growbuf_free(&c->j->body);
 	}
 	if (!c->too_large)
-		ip_buf_append(&c->j->body, upload, *upload_size);
+		growbuf_append(&c->j->body, upload, *upload_size);
 	*upload_size = 0;
 	return MHD_YES;
 }
@@ -546,7 +546,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **ctxp,
 		return;
 	/* A job still with a worker is never freed here: suspended
 	 * connections are not closed. */
-	IP_ASSERT(atomic_load(&c->stage) != ST_WAITING);
+	ALWAYS_ASSERT(atomic_load(&c->stage) != ST_WAITING);
 	http_front *f = cls;
 	/* The connection is ready for its next request: its head deadline
 	 * starts now (with the configuration this request ran under). */
@@ -566,7 +566,7 @@ static void front_free(http_front *f)
 {
 	pthread_cond_destroy(&f->cv);
 	pthread_mutex_destroy(&f->mu);
-	ip_buf_free(&f->timeout_answer);
+	growbuf_free(&f->timeout_answer);
 	free(f);
 }
 
@@ -607,7 +607,7 @@ static http_front *front_new(const front_opts *o)
 	uint8_t rnd[8];
 	if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
 		memset(rnd, 0, sizeof rnd);
-	ip_hex(rnd, 4, f->id_prefix);
+	hex_encode(rnd, 4, f->id_prefix);
 	pthread_mutex_init(&f->mu, NULL);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
@@ -711,8 +711,8 @@ int http_front_drain(http_front *f, int64_t grace_ms)
 {
 	atomic_store(&f->draining, true);
 	http_front_quiesce(f);
-	double deadline = ip_now_ms() + (double)grace_ms;
-	while (atomic_load(&f->open_requests) > 0 && ip_now_ms() < deadline) {
+	double deadline = mono_ms() + (double)grace_ms;
+	while (atomic_load(&f->open_requests) > 0 && mono_ms() < deadline) {
 		struct timespec ts = {0, 10 * 1000000L};
 		nanosleep(&ts, NULL);
 	}

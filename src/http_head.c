@@ -133,7 +133,7 @@ const char *http_head_problem(const http_head *h)
 	if (h->hosts > 1 || (http11 && h->hosts == 0))
 		return "an HTTP/1.1 request needs exactly one Host header";
 	if (h->te && (h->te > 1 || !http11 || !h->te_value ||
-		      !ip_strcaseeq(h->te_value, "chunked")))
+		      !str_caseeq(h->te_value, "chunked")))
 		return "the only transfer coding accepted is a single "
 		       "\"chunked\"";
 	return NULL;

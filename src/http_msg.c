@@ -18,7 +18,7 @@ void header_list_add(header_list *l, const char *name, size_t name_len,
 const char *header_list_get(const header_list *l, const char *name)
 {
 	for (size_t i = 0; i < l->n; i++)
-		if (ip_strcaseeq(l->v[i].name, name))
+		if (str_caseeq(l->v[i].name, name))
 			return l->v[i].value;
 	return NULL;
 }
@@ -27,7 +27,7 @@ size_t header_list_count(const header_list *l, const char *name)
 {
 	size_t n = 0;
 	for (size_t i = 0; i < l->n; i++)
-		if (ip_strcaseeq(l->v[i].name, name))
+		if (str_caseeq(l->v[i].name, name))
 			n++;
 	return n;
 }

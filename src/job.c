@@ -7,7 +7,7 @@ job *job_new(config *cfg)
 {
 	job *j = xcalloc(1, sizeof *j);
 	j->cfg = config_ref(cfg);
-	j->t_start_ms = ip_now_ms();
+	j->t_start_ms = mono_ms();
 	j->client_fd = -1;
 	j->wait_applied_s = -1;
 	return j;
@@ -22,9 +22,9 @@ void job_free(job *j)
 	free(j->target);
 	free(j->version);
 	header_list_free(&j->req_headers);
-	ip_buf_free(&j->body);
+	growbuf_free(&j->body);
 	header_list_free(&j->resp_headers);
-	ip_buf_free(&j->resp_body);
+	growbuf_free(&j->resp_body);
 	free(j->tenant);
 	free(j->key);
 	free(j->plan);

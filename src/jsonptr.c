@@ -264,7 +264,7 @@ static int hex4(const char *s, uint32_t *out)
 	return 0;
 }
 
-static void put_utf8(ip_buf *out, uint32_t cp)
+static void put_utf8(growbuf *out, uint32_t cp)
 {
 	char b[4];
 	size_t n;
@@ -287,12 +287,12 @@ static void put_utf8(ip_buf *out, uint32_t cp)
 		b[3] = (char)(0x80 | (cp & 0x3f));
 		n = 4;
 	}
-	ip_buf_append(out, b, n);
+	growbuf_append(out, b, n);
 }
 
 /* \uXXXX at s[j] (j at 'u'), a surrogate pair taken whole; *j ends on the
  * last hex digit. */
-static int unicode_escape(const char *s, size_t end, size_t *j, ip_buf *out)
+static int unicode_escape(const char *s, size_t end, size_t *j, growbuf *out)
 {
 	uint32_t cp, lo;
 	if (*j + 4 >= end || hex4(s + *j + 1, &cp) < 0)
@@ -313,7 +313,7 @@ static int unicode_escape(const char *s, size_t end, size_t *j, ip_buf *out)
 	return 0;
 }
 
-int jsonptr_string_value(const char *s, size_t len, ip_buf *out)
+int jsonptr_string_value(const char *s, size_t len, growbuf *out)
 {
 	static const char esc_in[] = "\"\\/bfnrt", esc_out[] = "\"\\/\b\f\n\r\t";
 	if (len < 2 || s[0] != '"' || s[len - 1] != '"')
@@ -324,14 +324,14 @@ int jsonptr_string_value(const char *s, size_t len, ip_buf *out)
 		if ((unsigned char)c < 0x20 || c == '"')
 			return -1;
 		if (c != '\\') {
-			ip_buf_append(out, &c, 1);
+			growbuf_append(out, &c, 1);
 			continue;
 		}
 		if (++j >= end)
 			return -1;
 		const char *e = s[j] ? strchr(esc_in, s[j]) : NULL;
 		if (e) {
-			ip_buf_append(out, &esc_out[e - esc_in], 1);
+			growbuf_append(out, &esc_out[e - esc_in], 1);
 			continue;
 		}
 		if (s[j] != 'u' || unicode_escape(s, end, &j, out) < 0)
@@ -343,11 +343,11 @@ int jsonptr_string_value(const char *s, size_t len, ip_buf *out)
 /* Is the member name literal s[a..b) equal to tok? */
 static bool name_is(const char *s, size_t a, size_t b, const char *tok)
 {
-	ip_buf name = {0};
+	growbuf name = {0};
 	bool eq = jsonptr_string_value(s + a, b - a, &name) == 0 &&
 		  name.len == strlen(tok) &&
 		  (name.len == 0 || memcmp(name.data, tok, name.len) == 0);
-	ip_buf_free(&name);
+	growbuf_free(&name);
 	return eq;
 }
 

@@ -92,7 +92,7 @@ static void quiet(void *misc, const char *file, int line, uint64_t err,
 static jose_cfg_t *quiet_cfg(void)
 {
 	jose_cfg_t *cfg = jose_cfg();
-	IP_ASSERT(cfg != NULL);
+	ALWAYS_ASSERT(cfg != NULL);
 	jose_cfg_set_err_func(cfg, quiet, NULL);
 	return cfg;
 }
@@ -335,7 +335,7 @@ jwt_keyset *jwt_keyset_parse(const char *text, size_t len, char *why,
 	}
 	jwt_keyset *ks = xcalloc(1, sizeof *ks);
 	ks->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL);
-	IP_ASSERT(ks->sha256 != NULL);
+	ALWAYS_ASSERT(ks->sha256 != NULL);
 	size_t n = one ? 1 : json_array_size(keys);
 	ks->v = xcalloc(n ? n : 1, sizeof *ks->v);
 	for (size_t i = 0; i < n; i++) {
@@ -370,12 +370,12 @@ jwt_keyset *jwt_keyset_load(const char *file, char *why, size_t whylen)
 			strerror(errno));
 		return NULL;
 	}
-	ip_buf b = {0};
+	growbuf b = {0};
 	char chunk[4096];
 	size_t n;
 	while ((n = fread(chunk, 1, sizeof chunk, f)) > 0 &&
 	       b.len <= JWT_FILE_MAX)
-		ip_buf_append(&b, chunk, n);
+		growbuf_append(&b, chunk, n);
 	bool err = ferror(f) != 0;
 	fclose(f);
 	jwt_keyset *ks = NULL;
@@ -387,7 +387,7 @@ jwt_keyset *jwt_keyset_load(const char *file, char *why, size_t whylen)
 	else if (!(ks = jwt_keyset_parse(b.data ? b.data : "", b.len, pwhy,
 					 sizeof pwhy)))
 		jwt_why(why, whylen, "%s: %s", file, pwhy);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	return ks;
 }
 
@@ -473,7 +473,7 @@ static bool verify_pkey(const jwt_keyset *ks, const jwt_key *k,
 		return false;
 	}
 	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-	IP_ASSERT(ctx != NULL);
+	ALWAYS_ASSERT(ctx != NULL);
 	/* Ed25519 hashes by itself: no digest is named for it. */
 	const EVP_MD *md = k->alg == JWT_EDDSA ? NULL : ks->sha256;
 	bool ok = EVP_DigestVerifyInit(ctx, NULL, md, NULL, k->pk) == 1 &&

@@ -315,52 +315,52 @@ static bool is_plain(unsigned char c)
 	return c >= 0x20 && c < 0x7f;
 }
 
-static void put_hex(ip_buf *b, unsigned char c)
+static void put_hex(growbuf *b, unsigned char c)
 {
-	ip_buf_printf(b, "\\x%02x", c);
+	growbuf_printf(b, "\\x%02x", c);
 }
 
-static void put_escaped(ip_buf *b, const char *s)
+static void put_escaped(growbuf *b, const char *s)
 {
 	for (; *s; s++) {
 		if (is_plain((unsigned char)*s))
-			ip_buf_append(b, s, 1);
+			growbuf_append(b, s, 1);
 		else
 			put_hex(b, (unsigned char)*s);
 	}
 }
 
-void log_quote(ip_buf *b, const char *v)
+void log_quote(growbuf *b, const char *v)
 {
 	bool bare = v[0] != '\0' && strcmp(v, "-") != 0;
 	for (const char *c = v; *c && bare; c++)
 		bare = is_plain((unsigned char)*c) && !strchr(" \"\\=", *c);
 	if (bare) {
-		ip_buf_puts(b, v);
+		growbuf_puts(b, v);
 		return;
 	}
-	ip_buf_puts(b, "\"");
+	growbuf_puts(b, "\"");
 	for (const char *c = v; *c; c++) {
 		unsigned char ch = (unsigned char)*c;
 		if (ch == '"' || ch == '\\') {
 			char e[2] = {'\\', (char)ch};
-			ip_buf_append(b, e, 2);
+			growbuf_append(b, e, 2);
 		} else if (is_plain(ch)) {
-			ip_buf_append(b, c, 1);
+			growbuf_append(b, c, 1);
 		} else {
 			put_hex(b, ch);
 		}
 	}
-	ip_buf_puts(b, "\"");
+	growbuf_puts(b, "\"");
 }
 
-void log_field(ip_buf *b, const char *name, const char *v)
+void log_field(growbuf *b, const char *name, const char *v)
 {
-	ip_buf_printf(b, "%s%s=", b->len ? " " : "", name);
+	growbuf_printf(b, "%s%s=", b->len ? " " : "", name);
 	if (v)
 		log_quote(b, v);
 	else
-		ip_buf_puts(b, "-");
+		growbuf_puts(b, "-");
 }
 
 void log_event(enum log_level level, const char *msg, const char *fmt, ...)
@@ -382,16 +382,16 @@ void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	json_object_set_new(o, "msg", json_string(msg));
 	if (fields[0])
 		set_str(o, "detail", fields);
-	ip_buf text = {0};
-	ip_buf_printf(&text, "%s %-5s ", ts, level_names[level]);
+	growbuf text = {0};
+	growbuf_printf(&text, "%s %-5s ", ts, level_names[level]);
 	put_escaped(&text, msg);
 	if (fields[0]) {
-		ip_buf_puts(&text, " ");
+		growbuf_puts(&text, " ");
 		put_escaped(&text, fields);
 	}
-	ip_buf_puts(&text, "\n");
+	growbuf_puts(&text, "\n");
 	emit(level, o, text.data);
-	ip_buf_free(&text);
+	growbuf_free(&text);
 	json_decref(o);
 }
 
@@ -416,10 +416,10 @@ static void set_str(json_t *o, const char *k, const char *v)
 	}
 	json_t *j = json_stringn(v, strlen(v));
 	if (!j) {
-		ip_buf e = {0};
+		growbuf e = {0};
 		put_escaped(&e, v);
 		j = json_stringn(e.data ? e.data : "", e.len);
-		ip_buf_free(&e);
+		growbuf_free(&e);
 	}
 	json_object_set_new(o, k, j);
 }
@@ -482,7 +482,7 @@ static bool is_utf8(const char *v, size_t n)
 
 /* As jansson's dump_string, without JSON_ENSURE_ASCII or
  * JSON_ESCAPE_SLASH. */
-static void json_escaped(ip_buf *b, const char *v, size_t n)
+static void json_escaped(growbuf *b, const char *v, size_t n)
 {
 	size_t run = 0;
 	for (size_t i = 0; i < n; i++) {
@@ -505,22 +505,22 @@ static void json_escaped(ip_buf *b, const char *v, size_t n)
 		}
 		if (!e)
 			continue;
-		ip_buf_append(b, v + run, i - run);
-		ip_buf_puts(b, e);
+		growbuf_append(b, v + run, i - run);
+		growbuf_puts(b, e);
 		run = i + 1;
 	}
-	ip_buf_append(b, v + run, n - run);
+	growbuf_append(b, v + run, n - run);
 }
 
 /* ,"k": (k is one of this file's names: nothing to escape). */
-static void json_key(ip_buf *b, const char *k)
+static void json_key(growbuf *b, const char *k)
 {
-	ip_buf_puts(b, ",\"");
-	ip_buf_puts(b, k);
-	ip_buf_puts(b, "\":");
+	growbuf_puts(b, ",\"");
+	growbuf_puts(b, k);
+	growbuf_puts(b, "\":");
 }
 
-static void put_int(ip_buf *b, int64_t v)
+static void put_int(growbuf *b, int64_t v)
 {
 	char d[24], *p = d + sizeof d;
 	uint64_t u = v < 0 ? -(uint64_t)v : (uint64_t)v;
@@ -530,32 +530,32 @@ static void put_int(ip_buf *b, int64_t v)
 	} while (u);
 	if (v < 0)
 		*--p = '-';
-	ip_buf_append(b, p, (size_t)(d + sizeof d - p));
+	growbuf_append(b, p, (size_t)(d + sizeof d - p));
 }
 
-static void json_str_field(ip_buf *b, const char *k, const char *v)
+static void json_str_field(growbuf *b, const char *k, const char *v)
 {
 	json_key(b, k);
 	if (!v) {
-		ip_buf_puts(b, "null");
+		growbuf_puts(b, "null");
 		return;
 	}
 	size_t n = strlen(v);
-	ip_buf_puts(b, "\"");
+	growbuf_puts(b, "\"");
 	if (is_utf8(v, n)) {
 		json_escaped(b, v, n);
 	} else {
-		ip_buf e = {0};
+		growbuf e = {0};
 		put_escaped(&e, v);
 		json_escaped(b, e.data ? e.data : "", e.len);
-		ip_buf_free(&e);
+		growbuf_free(&e);
 	}
-	ip_buf_puts(b, "\"");
+	growbuf_puts(b, "\"");
 }
 
 /* As jansson's jsonp_dtostr with precision 10; json_real refuses what is
  * not finite, and then the field is left out. */
-static void json_real_field(ip_buf *b, const char *k, double v)
+static void json_real_field(growbuf *b, const char *k, double v)
 {
 	if (!isfinite(v))
 		return;
@@ -568,7 +568,7 @@ static void json_real_field(ip_buf *b, const char *k, double v)
 		int64_t m = (int64_t)t;
 		json_key(b, k);
 		if (m < 0) {
-			ip_buf_puts(b, "-");
+			growbuf_puts(b, "-");
 			m = -m;
 		}
 		put_int(b, m / 1000);
@@ -578,7 +578,7 @@ static void json_real_field(ip_buf *b, const char *k, double v)
 		size_t n = 4;
 		while (n > 2 && frac[n - 1] == '0')
 			n--;
-		ip_buf_append(b, frac, n);
+		growbuf_append(b, frac, n);
 		return;
 	}
 	char d[64];
@@ -600,14 +600,14 @@ static void json_real_field(ip_buf *b, const char *k, double v)
 			memmove(start, end, strlen(end) + 1);
 	}
 	json_key(b, k);
-	ip_buf_puts(b, d);
+	growbuf_puts(b, d);
 }
 
-void log_request_json(ip_buf *b, const log_request *r, const char *ts)
+void log_request_json(growbuf *b, const log_request *r, const char *ts)
 {
-	ip_buf_puts(b, "{\"time\":\"");
+	growbuf_puts(b, "{\"time\":\"");
 	json_escaped(b, ts, strlen(ts));
-	ip_buf_puts(b, "\",\"level\":\"info\",\"msg\":\"request\"");
+	growbuf_puts(b, "\",\"level\":\"info\",\"msg\":\"request\"");
 	json_str_field(b, "request_id", r->request_id);
 	json_str_field(b, "route", r->route);
 	json_str_field(b, "method", r->method);
@@ -622,7 +622,7 @@ void log_request_json(ip_buf *b, const log_request *r, const char *ts)
 	json_real_field(b, "upstream_ms", ms3(r->upstream_ms));
 	json_real_field(b, "store_ms", ms3(r->store_ms));
 	json_real_field(b, "total_ms", ms3(r->total_ms));
-	ip_buf_puts(b, "}");
+	growbuf_puts(b, "}");
 }
 
 void log_request_line(const log_request *r)
@@ -631,13 +631,13 @@ void log_request_line(const log_request *r)
 		return;
 	char ts[40];
 	timestamp(ts, sizeof ts);
-	ip_buf text = {0};
+	growbuf text = {0};
 	if (atomic_load_explicit(&g_json, memory_order_relaxed)) {
 		log_request_json(&text, r, ts);
-		ip_buf_puts(&text, "\n");
+		growbuf_puts(&text, "\n");
 	} else {
 		/* Client-chosen values are quoted: a key cannot add fields. */
-		ip_buf f = {0};
+		growbuf f = {0};
 		log_field(&f, "id", r->request_id);
 		log_field(&f, "route", r->route);
 		log_field(&f, "method", r->method);
@@ -645,14 +645,14 @@ void log_request_line(const log_request *r)
 		log_field(&f, "tenant", r->tenant);
 		log_field(&f, "key", r->key);
 		log_field(&f, "outcome", r->outcome);
-		ip_buf_printf(&text,
-			      "%s info  request %s status=%d attempt=%d "
-			      "upstream_ms=%.2f store_ms=%.2f total_ms=%.2f\n",
-			      ts, f.data, r->status, r->attempt,
-			      r->upstream_ms, r->store_ms, r->total_ms);
-		ip_buf_free(&f);
+		growbuf_printf(&text,
+			       "%s info  request %s status=%d attempt=%d "
+			       "upstream_ms=%.2f store_ms=%.2f total_ms=%.2f\n",
+			       ts, f.data, r->status, r->attempt,
+			       r->upstream_ms, r->store_ms, r->total_ms);
+		growbuf_free(&f);
 	}
 	if (text.data)
 		put(text.data, text.len, false);
-	ip_buf_free(&text);
+	growbuf_free(&text);
 }

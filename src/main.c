@@ -479,7 +479,7 @@ static void stop_all(parts *p, int sig)
 	/* Waiting duplicates are answered first: their connections are
 	 * suspended, and must be resumed before the front end stops. */
 	waiters_drain(p->wt);
-	double deadline = ip_now_ms() + (double)grace;
+	double deadline = mono_ms() + (double)grace;
 	int left = http_front_drain(p->front, grace);
 	if (left > 0) {
 		/* Their records stay processing; the lease rules apply. */

@@ -441,16 +441,16 @@ static series *merged(int *n)
 	return v;
 }
 
-static void render_family(ip_buf *out, const series *v, int n,
+static void render_family(growbuf *out, const series *v, int n,
 			  const char *family, const char *help)
 {
-	ip_buf_printf(out, "# HELP %s %s\n# TYPE %s counter\n", family, help,
-		      family);
+	growbuf_printf(out, "# HELP %s %s\n# TYPE %s counter\n", family, help,
+		       family);
 	for (int i = 0; i < n; i++)
 		if (v[i].family == family)
-			ip_buf_printf(out, "%s{%s} %llu\n", family,
-				      v[i].labels,
-				      (unsigned long long)v[i].value);
+			growbuf_printf(out, "%s{%s} %llu\n", family,
+				       v[i].labels,
+				       (unsigned long long)v[i].value);
 }
 
 /* A histogram's shards, summed (called with mu held); its count is the
@@ -472,43 +472,43 @@ static histogram merged_hist(const histogram *h, int which)
 	return m;
 }
 
-static void render_histogram(ip_buf *out, const histogram *h)
+static void render_histogram(growbuf *out, const histogram *h)
 {
-	ip_buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", h->name,
-		      h->help, h->name);
+	growbuf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", h->name,
+		       h->help, h->name);
 	uint64_t cum = 0;
 	for (size_t i = 0; i < NBUCKETS; i++) {
 		cum += h->counts[i];
-		ip_buf_printf(out, "%s_bucket{le=\"%g\"} %llu\n", h->name,
-			      buckets_s[i], (unsigned long long)cum);
+		growbuf_printf(out, "%s_bucket{le=\"%g\"} %llu\n", h->name,
+			       buckets_s[i], (unsigned long long)cum);
 	}
 	cum += h->counts[NBUCKETS];
-	ip_buf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n", h->name,
-		      (unsigned long long)cum);
-	ip_buf_printf(out, "%s_sum %.6f\n%s_count %llu\n", h->name, h->sum,
-		      h->name, (unsigned long long)h->count);
+	growbuf_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n", h->name,
+		       (unsigned long long)cum);
+	growbuf_printf(out, "%s_sum %.6f\n%s_count %llu\n", h->name, h->sum,
+		       h->name, (unsigned long long)h->count);
 }
 
-static void render_scalar(ip_buf *out, const char *name, const char *type,
+static void render_scalar(growbuf *out, const char *name, const char *type,
 			  const char *help, double v)
 {
-	ip_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %.15g\n", name, help,
-		      name, type, name, v);
+	growbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %.15g\n", name,
+		       help, name, type, name, v);
 }
 
 /* Called with mu held. */
-static void render_seals(ip_buf *out)
+static void render_seals(growbuf *out)
 {
-	ip_buf_printf(out, "# HELP idemproxy_seal_key_seals Seals made under "
+	growbuf_printf(out, "# HELP idemproxy_seal_key_seals Seals made under "
 			   "each store_encryption key id by every instance, "
 			   "as stored (updated at each reaper pass).\n"
 			   "# TYPE idemproxy_seal_key_seals gauge\n");
 	for (size_t i = 0; i < n_seal_counts; i++) {
 		char id[METRICS_KEY_ID_MAX + 1];
 		label_copy(id, sizeof id, seal_counts[i].id);
-		ip_buf_printf(out, "idemproxy_seal_key_seals{key=\"%s\"} "
-			      "%llu\n", id,
-			      (unsigned long long)seal_counts[i].n);
+		growbuf_printf(out, "idemproxy_seal_key_seals{key=\"%s\"} "
+			       "%llu\n", id,
+			       (unsigned long long)seal_counts[i].n);
 	}
 	render_scalar(out, "idemproxy_seal_active_key_seals", "gauge",
 		      "Seals made under the active key (random 96-bit nonces: "
@@ -549,7 +549,7 @@ static void seed_known_locked(void)
 }
 
 /* The labelled counters and the histograms. With mu held. */
-static void render_counters(ip_buf *out)
+static void render_counters(growbuf *out)
 {
 	int n;
 	series *v = merged(&n);
@@ -578,24 +578,24 @@ static void render_counters(ip_buf *out)
 }
 
 /* The readings their owners added, in the order added. With mu held. */
-static void render_readings(ip_buf *out)
+static void render_readings(growbuf *out)
 {
 	for (int i = 0; i < nreadings; i++) {
 		const metrics_reading *r = &readings[i];
 		if (i == 0 || strcmp(readings[i - 1].family, r->family))
-			ip_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n",
-				      r->family, r->help, r->family, r->type);
+			growbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n",
+				       r->family, r->help, r->family, r->type);
 		double v = r->bound ? r->read(r->arg) : 0.0;
 		if (r->labels[0])
-			ip_buf_printf(out, "%s{%s} %.15g\n", r->family,
-				      r->labels, v);
+			growbuf_printf(out, "%s{%s} %.15g\n", r->family,
+				       r->labels, v);
 		else
-			ip_buf_printf(out, "%s %.15g\n", r->family, v);
+			growbuf_printf(out, "%s %.15g\n", r->family, v);
 	}
 }
 
 /* The values set through metrics_set_* and metrics_reaper. With mu held. */
-static void render_set_values(ip_buf *out)
+static void render_set_values(growbuf *out)
 {
 	render_scalar(out, "idemproxy_waiters", "gauge",
 		      "Duplicates waiting for an attempt in flight.",
@@ -624,7 +624,7 @@ static void render_set_values(ip_buf *out)
 		      "Bytes held in the replay cache.", (double)cache_bytes);
 }
 
-void metrics_render(ip_buf *out)
+void metrics_render(growbuf *out)
 {
 	pthread_mutex_lock(&mu);
 	seed_known_locked();

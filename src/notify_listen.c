@@ -114,8 +114,8 @@ notify_listen *notify_listen_start(const char *db_url,
 	/* No statement runs on it but LISTEN: no statement_timeout needed. */
 	pg_link_init(&n->link, db_url, "idemproxy-listen", 0);
 	n->ops = *ops;
-	IP_ASSERT(pipe(n->stop_pipe) == 0);
-	IP_ASSERT(pthread_create(&n->th, NULL, listen_main, n) == 0);
+	ALWAYS_ASSERT(pipe(n->stop_pipe) == 0);
+	ALWAYS_ASSERT(pthread_create(&n->th, NULL, listen_main, n) == 0);
 	pthread_setname_np(n->th, "ip-listen");
 	return n;
 }

@@ -56,7 +56,7 @@ static void *helper_main(void *arg)
 		atomic_fetch_sub(&pool.pending, 1);
 		uint64_t one = 1;
 		/* The fiber may run, return and free j as soon as this lands. */
-		IP_ASSERT(write(efd, &one, sizeof one) == sizeof one);
+		ALWAYS_ASSERT(write(efd, &one, sizeof one) == sizeof one);
 	}
 	return NULL;
 }
@@ -65,7 +65,7 @@ static void start_helpers(void)
 {
 	for (int i = 0; i < OFFLOAD_THREADS; i++) {
 		pthread_t t;
-		IP_ASSERT(pthread_create(&t, NULL, helper_main, NULL) == 0);
+		ALWAYS_ASSERT(pthread_create(&t, NULL, helper_main, NULL) == 0);
 		pthread_detach(t);
 	}
 }
@@ -100,7 +100,7 @@ bool offload_run(void (*fn)(void *), void *arg)
 	enqueue(&j);
 	uint64_t v;
 	while (read(efd, &v, sizeof v) != sizeof v) {
-		IP_ASSERT(errno == EAGAIN || errno == EINTR);
+		ALWAYS_ASSERT(errno == EAGAIN || errno == EINTR);
 		(void)fiber_wait_fd(efd, FIBER_IN, -1);
 	}
 	close(efd);

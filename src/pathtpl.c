@@ -330,7 +330,7 @@ pathtpl *pathtpl_compile(const char *pattern, char *err, size_t errlen)
 		slashes += norm[i] == '/';
 	t->segs = xcalloc(slashes, sizeof *t->segs);
 	if (add_segments(t, norm + 1, norm + nlen, err, errlen) < 0)
-		IP_ASSERT(!"a normalised valid template is valid");
+		ALWAYS_ASSERT(!"a normalised valid template is valid");
 	return t;
 }
 

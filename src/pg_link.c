@@ -93,7 +93,7 @@ static bool wait_sock(int sock, int ev, double deadline)
 			   .events = (short)((ev & FIBER_IN ? POLLIN : 0) |
 					     (ev & FIBER_OUT ? POLLOUT : 0))};
 	for (;;) {
-		double left = deadline - ip_now_ms();
+		double left = deadline - mono_ms();
 		if (left <= 0)
 			return false;
 		int n = poll(&p, 1, (int)left + 1);
@@ -110,7 +110,7 @@ static PGresult *stalled(pg_link *l, double t0, PGresult *partial)
 {
 	PQclear(partial);
 	snprintf(l->why, sizeof l->why, "no answer from the store within %.1fs",
-		 (ip_now_ms() - t0) / 1000.0);
+		 (mono_ms() - t0) / 1000.0);
 	metrics_event("store_wait_timeout");
 	mark_down(l, l->why);
 	PQfinish(l->conn);
@@ -125,7 +125,7 @@ PGresult *pg_link_result(pg_link *l, bool sent)
 	if (!sent)
 		return NULL;
 	PGconn *c = l->conn;
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	double deadline = t0 + (double)pg_link_wait_ms(l->statement_timeout_ms);
 	if (l->cap_ms > 0 && l->cap_ms < deadline)
 		deadline = l->cap_ms;
@@ -192,7 +192,7 @@ static PGconn *connect_params(const char *const *keys,
 	for (PQconninfoOption *o = opts; o && o->keyword; o++)
 		if (!strcmp(o->keyword, "connect_timeout") && o->val &&
 		    atoi(o->val) > 0)
-			deadline = ip_now_ms() + 1000.0 * atoi(o->val);
+			deadline = mono_ms() + 1000.0 * atoi(o->val);
 	PQconninfoFree(opts);
 	PostgresPollingStatusType st = PGRES_POLLING_WRITING;
 	while (st != PGRES_POLLING_OK && st != PGRES_POLLING_FAILED) {

@@ -100,7 +100,7 @@ static bool lookup_wait(lookup *l, double deadline_ms)
 		}
 		int ms = -1;
 		if (deadline_ms >= 0) {
-			double left = deadline_ms - ip_now_ms();
+			double left = deadline_ms - mono_ms();
 			if (left <= 0)
 				return false;
 			ms = (int)left + 1;
@@ -176,7 +176,7 @@ typedef struct hosts {
 	char *host[MAX_HOSTS], *port[MAX_HOSTS];
 	int n, nports;
 	lookup *lk[MAX_HOSTS];
-	ip_buf h, a, p; /* the lists to connect with */
+	growbuf h, a, p; /* the lists to connect with */
 	int entries;
 	char failed[256]; /* the first lookup that failed, as libpq says it */
 } hosts;
@@ -187,18 +187,18 @@ static void hosts_free(hosts *hs)
 		lookup_unref(hs->lk[i]);
 	free(hs->host_s);
 	free(hs->port_s);
-	ip_buf_free(&hs->h);
-	ip_buf_free(&hs->a);
-	ip_buf_free(&hs->p);
+	growbuf_free(&hs->h);
+	growbuf_free(&hs->a);
+	growbuf_free(&hs->p);
 }
 
 static void add_entry(hosts *hs, int i, const char *addr)
 {
 	const char *sep = hs->entries ? "," : "";
-	ip_buf_printf(&hs->h, "%s%s", sep, hs->host[i]);
-	ip_buf_printf(&hs->a, "%s%s", sep, addr);
-	ip_buf_printf(&hs->p, "%s%s", sep,
-		      hs->nports == hs->n ? hs->port[i] : "");
+	growbuf_printf(&hs->h, "%s%s", sep, hs->host[i]);
+	growbuf_printf(&hs->a, "%s%s", sep, addr);
+	growbuf_printf(&hs->p, "%s%s", sep,
+		       hs->nports == hs->n ? hs->port[i] : "");
 	hs->entries++;
 }
 
@@ -248,7 +248,7 @@ static double lookup_deadline(const char *const *keys,
 			    "PGCONNECT_TIMEOUT");
 	int s = t ? atoi(t) : 0;
 	free(t);
-	return s > 0 ? ip_now_ms() + 1000.0 * s : -1;
+	return s > 0 ? mono_ms() + 1000.0 * s : -1;
 }
 
 /* The hosts to look up, or false when libpq has nothing to resolve (an

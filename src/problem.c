@@ -72,41 +72,41 @@ static json_t *safe_string(const char *s)
 			*p = '?';
 	j = json_string(copy);
 	free(copy);
-	IP_ASSERT(j != NULL);
+	ALWAYS_ASSERT(j != NULL);
 	return j;
 }
 
 static void set_str(json_t *obj, const char *key, const char *value)
 {
-	IP_ASSERT(json_object_set_new(obj, key, safe_string(value)) == 0);
+	ALWAYS_ASSERT(json_object_set_new(obj, key, safe_string(value)) == 0);
 }
 
 static int append_cb(const char *data, size_t size, void *arg)
 {
-	ip_buf_append(arg, data, size);
+	growbuf_append(arg, data, size);
 	return 0;
 }
 
-void problem_render(ip_buf *out, int status, const char *code,
+void problem_render(growbuf *out, int status, const char *code,
 		    const char *detail, const char *request_id)
 {
 	const char *c = code ? code : "internal_error";
 	const char *title = problem_title(c);
-	ip_buf type = { 0 };
+	growbuf type = { 0 };
 	json_t *obj = json_object();
 
-	IP_ASSERT(obj != NULL);
-	ip_buf_puts(&type, PROBLEM_TYPE_PREFIX);
-	ip_buf_puts(&type, c);
+	ALWAYS_ASSERT(obj != NULL);
+	growbuf_puts(&type, PROBLEM_TYPE_PREFIX);
+	growbuf_puts(&type, c);
 	set_str(obj, "type", type.data);
 	set_str(obj, "title", title);
-	IP_ASSERT(json_object_set_new(obj, "status", json_integer(status)) == 0);
+	ALWAYS_ASSERT(json_object_set_new(obj, "status", json_integer(status)) == 0);
 	set_str(obj, "detail", detail ? detail : title);
 	set_str(obj, "code", c);
 	if (request_id != NULL)
 		set_str(obj, "request_id", request_id);
-	IP_ASSERT(json_dump_callback(obj, append_cb, out,
-				     JSON_COMPACT | JSON_PRESERVE_ORDER) == 0);
+	ALWAYS_ASSERT(json_dump_callback(obj, append_cb, out, JSON_COMPACT |
+					 JSON_PRESERVE_ORDER) == 0);
 	json_decref(obj);
-	ip_buf_free(&type);
+	growbuf_free(&type);
 }

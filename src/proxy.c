@@ -6,7 +6,7 @@
 
 #include "coding.h"
 #include "fingerprint.h"
-#include "idem.h"
+#include "decide.h"
 #include "log.h"
 #include "metrics.h"
 #include "offload.h"
@@ -39,10 +39,10 @@ typedef struct proxy_worker {
 	store *st;
 	struct store_batch *batch; /* NULL: none (threads, Citus) */
 	upstream *up;
-	ip_buf scratch;
-	ip_buf sealed_h, sealed_b; /* a response as stored, when sealed */
-	ip_buf plain_h, plain_b;   /* a sealed record, opened */
-	ip_buf raw;                /* a request's raw form, for the cache */
+	growbuf scratch;
+	growbuf sealed_h, sealed_b; /* a response as stored, when sealed */
+	growbuf plain_h, plain_b;   /* a sealed record, opened */
+	growbuf raw;                /* a request's raw form, for the cache */
 } proxy_worker;
 
 void *proxy_worker_init(void *arg, int index)
@@ -72,12 +72,12 @@ void proxy_worker_fini(void *ctx)
 	proxy_worker *w = ctx;
 	store_free(w->st);
 	upstream_free(w->up);
-	ip_buf_free(&w->scratch);
-	ip_buf_free(&w->sealed_h);
-	ip_buf_free(&w->sealed_b);
-	ip_buf_free(&w->plain_h);
-	ip_buf_free(&w->plain_b);
-	ip_buf_free(&w->raw);
+	growbuf_free(&w->scratch);
+	growbuf_free(&w->sealed_h);
+	growbuf_free(&w->sealed_b);
+	growbuf_free(&w->plain_h);
+	growbuf_free(&w->plain_b);
+	growbuf_free(&w->raw);
 	free(w);
 }
 
@@ -86,7 +86,7 @@ static bool named_in_connection(const header_list *h, const char *name)
 {
 	size_t nlen = strlen(name);
 	for (size_t i = 0; i < h->n; i++) {
-		if (!ip_strcaseeq(h->v[i].name, "Connection"))
+		if (!str_caseeq(h->v[i].name, "Connection"))
 			continue;
 		const char *p = h->v[i].value;
 		while (*p) {
@@ -99,7 +99,7 @@ static bool named_in_connection(const header_list *h, const char *name)
 			while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
 				e--;
 			if ((size_t)(e - s) == nlen &&
-			    ip_strncaseeq(s, name, nlen))
+			    str_ncaseeq(s, name, nlen))
 				return true;
 		}
 	}
@@ -111,13 +111,13 @@ static bool named_in_connection(const header_list *h, const char *name)
  * by naming them in Connection: the upstream must see what was claimed. */
 static bool is_identity_header(const job *j, const char *name)
 {
-	if (ip_strcaseeq(name, "Idempotency-Key") ||
-	    ip_strcaseeq(name, "Authorization"))
+	if (str_caseeq(name, "Idempotency-Key") ||
+	    str_caseeq(name, "Authorization"))
 		return true;
 	const route_cfg *r = j->plan ? j->plan->route : NULL;
 	return r && ((r->tenant_kind == TENANT_HEADER &&
-		      ip_strcaseeq(name, r->tenant_arg)) ||
-		     keyparts_uses_header(&r->key_from, name));
+		      str_caseeq(name, r->tenant_arg)) ||
+		     key_from_uses_header(&r->key_from, name));
 }
 
 static void build_upstream_headers(const job *j, header_list *out)
@@ -127,44 +127,44 @@ static void build_upstream_headers(const job *j, header_list *out)
 	bool has_proto = false, has_fwd_host = false, has_rid = false;
 	/* A protected answer may be replayed to a retry that cannot read its
 	 * coding: ask only for codings the proxy can decode. */
-	bool claimed = j->plan && j->plan->action == IDEM_CLAIM;
+	bool claimed = j->plan && j->plan->action == PLAN_CLAIM;
 	for (size_t i = 0; i < in->n; i++) {
 		const http_header *h = &in->v[i];
 		if (upstream_is_hop_header(h->name) ||
-		    ip_strcaseeq(h->name, "Host") ||
-		    ip_strcaseeq(h->name, "Expect") ||
+		    str_caseeq(h->name, "Host") ||
+		    str_caseeq(h->name, "Expect") ||
 		    (!is_identity_header(j, h->name) &&
 		     named_in_connection(in, h->name)))
 			continue;
-		if (ip_strcaseeq(h->name, "X-Forwarded-For")) {
+		if (str_caseeq(h->name, "X-Forwarded-For")) {
 			xff = h->value;
 			continue;
 		}
-		if (claimed && ip_strcaseeq(h->name, "Accept-Encoding"))
+		if (claimed && str_caseeq(h->name, "Accept-Encoding"))
 			continue;
 		/* Every attempt carries the key as it was claimed, in one
 		 * spelling, whatever spelling this attempt's client used. */
 		if (claimed && j->plan->key_header[0] &&
-		    ip_strcaseeq(h->name, "Idempotency-Key")) {
+		    str_caseeq(h->name, "Idempotency-Key")) {
 			const char *k = j->plan->key_header;
 			header_list_add(out, h->name, strlen(h->name), k,
 					strlen(k));
 			continue;
 		}
-		if (ip_strcaseeq(h->name, "X-Forwarded-Proto"))
+		if (str_caseeq(h->name, "X-Forwarded-Proto"))
 			has_proto = true;
-		if (ip_strcaseeq(h->name, "X-Forwarded-Host"))
+		if (str_caseeq(h->name, "X-Forwarded-Host"))
 			has_fwd_host = true;
-		if (ip_strcaseeq(h->name, "X-Request-Id"))
+		if (str_caseeq(h->name, "X-Request-Id"))
 			has_rid = true;
 		header_list_add(out, h->name, strlen(h->name), h->value,
 				strlen(h->value));
 	}
-	ip_buf v = {0};
+	growbuf v = {0};
 	if (xff)
-		ip_buf_printf(&v, "%s, %s", xff, j->client_ip);
+		growbuf_printf(&v, "%s, %s", xff, j->client_ip);
 	else
-		ip_buf_puts(&v, j->client_ip);
+		growbuf_puts(&v, j->client_ip);
 	header_list_add(out, "X-Forwarded-For", 15, v.data, v.len);
 	if (!has_proto)
 		header_list_add(out, "X-Forwarded-Proto", 17, "http", 4);
@@ -176,7 +176,7 @@ static void build_upstream_headers(const job *j, header_list *out)
 				strlen(j->request_id));
 	if (claimed && coding_upstream_accept(in, &v))
 		header_list_add(out, "Accept-Encoding", 15, v.data, v.len);
-	ip_buf_free(&v);
+	growbuf_free(&v);
 }
 
 /* Responses above max_stored_response still pass through; beyond this hard
@@ -222,7 +222,7 @@ static void pass_response(job *j, upstream_resp *resp)
 	header_list_free(&j->resp_headers);
 	j->resp_headers = resp->headers;
 	memset(&resp->headers, 0, sizeof resp->headers);
-	ip_buf_free(&j->resp_body);
+	growbuf_free(&j->resp_body);
 	j->resp_body = resp->body;
 	memset(&resp->body, 0, sizeof resp->body);
 }
@@ -250,7 +250,7 @@ static void forward_unprotected(proxy_worker *w, job *j, const route_cfg *r)
 		reply_problem(j, 502, "upstream_unavailable", resp.error, 0);
 	else
 		reply_problem(j, 504, "upstream_outcome_unknown", resp.error,
-			      idem_retry_after_s(r->retry_after_ms));
+			      decide_retry_after_s(r->retry_after_ms));
 	upstream_resp_free(&resp);
 }
 
@@ -280,7 +280,7 @@ static void fp_job_run(void *arg)
 /* The fingerprint of j's request into fp, or (fp NULL) its raw form into
  * raw; false when the raw form is larger than RAW_FORM_MAX. */
 static bool fingerprint_of(const job *j, const route_cfg *r,
-			   uint8_t fp[FP_LEN], ip_buf *raw)
+			   uint8_t fp[FP_LEN], growbuf *raw)
 {
 	size_t n = r->fingerprint_headers.n;
 	const char *one[1];
@@ -328,7 +328,7 @@ typedef struct decode_job {
 	const char *ce, *in;
 	size_t len;
 	int64_t max;
-	ip_buf *out;
+	growbuf *out;
 	char err[160];
 	int rc;
 } decode_job;
@@ -346,8 +346,8 @@ static void decode_job_run(void *arg)
  * cannot be decoded is replayed as stored, labelled with its coding. */
 static void replay_body(job *j, const char *body, size_t body_len)
 {
-	ip_buf ce = {0};
-	ip_buf_reset(&j->resp_body);
+	growbuf ce = {0};
+	growbuf_reset(&j->resp_body);
 	if (coding_of(&j->resp_headers, &ce) &&
 	    !coding_accepted(&j->req_headers, ce.data)) {
 		decode_job d = {.ce = ce.data,
@@ -358,15 +358,15 @@ static void replay_body(job *j, const char *body, size_t body_len)
 		(void)offload_run(decode_job_run, &d);
 		if (d.rc == 0) {
 			coding_mark_decoded(&j->resp_headers);
-			ip_buf_free(&ce);
+			growbuf_free(&ce);
 			return;
 		}
 		log_warn("stored response not decoded; replayed in its coding",
 			 "request_id=%s coding=%s %s", j->request_id, ce.data,
 			 d.err);
 	}
-	ip_buf_free(&ce);
-	ip_buf_append(&j->resp_body, body, body_len);
+	growbuf_free(&ce);
+	growbuf_append(&j->resp_body, body, body_len);
 }
 
 /* Would this replay decode its body? Not work for the event thread. */
@@ -374,11 +374,11 @@ static bool replay_decodes(const job *j, const char *headers,
 			   size_t headers_len)
 {
 	header_list h = {0};
-	ip_buf ce = {0};
-	idem_decode_replay_headers(headers, headers_len, &h);
+	growbuf ce = {0};
+	decide_decode_replay_headers(headers, headers_len, &h);
 	bool r = coding_of(&h, &ce) && !coding_accepted(&j->req_headers,
 							 ce.data);
-	ip_buf_free(&ce);
+	growbuf_free(&ce);
 	header_list_free(&h);
 	return r;
 }
@@ -390,7 +390,7 @@ static void respond_replay(job *j, int status, const char *headers,
 	j->outcome = "replayed";
 	j->status = status;
 	header_list_free(&j->resp_headers);
-	idem_decode_replay_headers(headers, headers_len, &j->resp_headers);
+	decide_decode_replay_headers(headers, headers_len, &j->resp_headers);
 	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true",
 			4);
 	replay_body(j, body, body_len);
@@ -400,11 +400,11 @@ static void respond_replay(job *j, int status, const char *headers,
  * most the cache ttl from now, and never past the record's expiry. */
 static double cache_deadline(const job *j, double record_expires_ms)
 {
-	double ttl_end = ip_now_ms() + (double)j->cfg->replay_cache_ttl_ms;
+	double ttl_end = mono_ms() + (double)j->cfg->replay_cache_ttl_ms;
 	return record_expires_ms < ttl_end ? record_expires_ms : ttl_end;
 }
 
-static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
+static void cache_put(proxy_worker *w, const job *j, const request_plan *p,
 		      int status, const char *headers, size_t headers_len,
 		      const char *body, size_t body_len)
 {
@@ -428,7 +428,7 @@ static void cache_put(proxy_worker *w, const job *j, const idem_plan *p,
 }
 
 /* What a sealed record is bound to; has_body as when it was sealed. */
-static seal_scope scope_of(const job *j, const idem_plan *p, int status,
+static seal_scope scope_of(const job *j, const request_plan *p, int status,
 			   bool has_body)
 {
 	seal_scope sc = {p->tenant, p->route->name, p->key, j->fp, status,
@@ -438,11 +438,11 @@ static seal_scope scope_of(const job *j, const idem_plan *p, int status,
 
 /* Opens a sealed record into plain_h and plain_b. A sealed body is never
  * empty, so an empty one means none was stored. */
-static int open_record(proxy_worker *w, const job *j, const idem_plan *p,
+static int open_record(proxy_worker *w, const job *j, const request_plan *p,
 		       const claim_result *c, char *err, size_t errlen)
 {
 	seal_scope sc = scope_of(j, p, c->status, c->body_len > 0);
-	ip_buf_reset(&w->plain_b);
+	growbuf_reset(&w->plain_b);
 	if (seal_open(j->cfg->seal, &sc, SEAL_HEADERS, c->headers,
 		      c->headers_len, &w->plain_h, err, errlen) < 0)
 		return -1;
@@ -454,7 +454,7 @@ static int open_record(proxy_worker *w, const job *j, const idem_plan *p,
 
 /* A record that does not open is never replayed, and nothing is forwarded
  * in its place: the key's one upstream effect has happened already. */
-static void respond_unreadable(job *j, const idem_plan *p, const char *why)
+static void respond_unreadable(job *j, const request_plan *p, const char *why)
 {
 	j->outcome = "record_unreadable";
 	metrics_event("record_unreadable");
@@ -467,7 +467,7 @@ static void respond_unreadable(job *j, const idem_plan *p, const char *why)
 		      0);
 }
 
-static void replay(proxy_worker *w, job *j, const idem_plan *p,
+static void replay(proxy_worker *w, job *j, const request_plan *p,
 		   const claim_result *c)
 {
 	if (!c->replayable) {
@@ -505,8 +505,8 @@ typedef struct stored_form {
 	const char *seal_key;
 } stored_form;
 
-static void make_stored(proxy_worker *w, const job *j, const idem_plan *p,
-			int status, const ip_buf *plain_h, const char *body,
+static void make_stored(proxy_worker *w, const job *j, const request_plan *p,
+			int status, const growbuf *plain_h, const char *body,
 			size_t body_len, stored_form *out)
 {
 	const seal_keyring *k = j->cfg->seal;
@@ -542,7 +542,7 @@ static store_batch_use batch_use(proxy_worker *w, const job *j)
  * reconnect) goes to the background retrier, which keeps trying until the
  * attempt's lease ends; the client is answered now. */
 static void defer_record(proxy_worker *w, const job *j, const record_key *k,
-			 enum idem_record what, int status,
+			 enum decide_record what, int status,
 			 const stored_form *sf, bool replayable,
 			 double lease_end_ms, const char *err)
 {
@@ -578,14 +578,14 @@ typedef struct record_done {
 
 /* The write itself: a release, or the answer completed (through the
  * batch when there is one). 0, or -1 with err. */
-static int record_write(proxy_worker *w, job *j, const idem_plan *p,
-			const record_key *k, enum idem_record what,
+static int record_write(proxy_worker *w, job *j, const request_plan *p,
+			const record_key *k, enum decide_record what,
 			const upstream_resp *resp, double lease_end_ms,
 			record_done *o, char *err, size_t errlen)
 {
 	const route_cfg *r = p->route;
-	ip_buf *h = &w->scratch;
-	ip_buf_reset(h);
+	growbuf *h = &w->scratch;
+	growbuf_reset(h);
 	/* status_only keeps no body, so any size replays. */
 	o->keep_body = !r->status_only;
 	if (what == REC_RELEASE)
@@ -594,7 +594,7 @@ static int record_write(proxy_worker *w, job *j, const idem_plan *p,
 			(!resp->too_large && (int64_t)resp->body.len <=
 						     j->cfg->max_stored_response);
 	o->keep_body = o->keep_body && o->replayable;
-	idem_encode_replay_headers(r, &resp->headers, h);
+	decide_encode_replay_headers(r, &resp->headers, h);
 	make_stored(w, j, p, resp->status, h,
 		    o->keep_body ? (resp->body.data ? resp->body.data : "")
 				 : NULL,
@@ -610,13 +610,13 @@ static int record_write(proxy_worker *w, job *j, const idem_plan *p,
 /* After the write: a failure goes to the retrier while the lease lasts
  * (else it is logged), a fenced one is logged, a replayable answer is
  * cached, and this instance's waiters are woken. */
-static void record_settled(proxy_worker *w, job *j, const idem_plan *p,
-			   const record_key *k, enum idem_record what,
+static void record_settled(proxy_worker *w, job *j, const request_plan *p,
+			   const record_key *k, enum decide_record what,
 			   const upstream_resp *resp, double lease_end_ms,
 			   const record_done *o, int rc, const char *err)
 {
 	const route_cfg *r = p->route;
-	if (rc && w->retry && ip_now_ms() < lease_end_ms) {
+	if (rc && w->retry && mono_ms() < lease_end_ms) {
 		defer_record(w, j, k, what, resp->status, &o->sf,
 			     o->replayable, lease_end_ms, err);
 	} else if (rc) {
@@ -649,19 +649,19 @@ static void record_settled(proxy_worker *w, job *j, const idem_plan *p,
  * is retried (at once on a fresh connection by the store, then in the
  * background until the lease ends), never hidden: until it is written the
  * record stays processing and the lease rules decide what a retry gets. */
-static void record(proxy_worker *w, job *j, const idem_plan *p,
+static void record(proxy_worker *w, job *j, const request_plan *p,
 		   const claim_result *c, const record_key *k,
-		   enum idem_record what, const upstream_resp *resp,
+		   enum decide_record what, const upstream_resp *resp,
 		   double lease_end_ms)
 {
 	if (what == REC_LEAVE)
 		return;
 	char err[256];
 	record_done o = {0};
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	int rc = record_write(w, j, p, k, what, resp, lease_end_ms, &o, err,
 			      sizeof err);
-	double ms = ip_now_ms() - t0;
+	double ms = mono_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	metrics_set_store_up(rc == 0 || !store_outage(w->st));
@@ -671,7 +671,7 @@ static void record(proxy_worker *w, job *j, const idem_plan *p,
 /* Too little of the attempt's lease is left for the whole upstream call:
  * nothing is sent, the key is released (fenced by the attempt's token) so
  * that a retry goes at once, and the client is told to retry. */
-static void lease_too_short(proxy_worker *w, job *j, const idem_plan *p,
+static void lease_too_short(proxy_worker *w, job *j, const request_plan *p,
 			    const claim_result *c, const record_key *k,
 			    double lease_end_ms, double left_ms)
 {
@@ -691,11 +691,11 @@ static void lease_too_short(proxy_worker *w, job *j, const idem_plan *p,
 		      "the key was claimed too late to finish the upstream "
 		      "call within its lease; nothing was sent and the key "
 		      "was released: retry with the same key",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
-			  const idem_plan *p, const claim_result *c,
+			  const request_plan *p, const claim_result *c,
 			  double lease_end_ms)
 {
 	record_key k = {p->tenant, r->name, p->key, c->owner, false};
@@ -704,7 +704,7 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 	 * call (connect included) must end a margin before the lease does,
 	 * when another attempt may take the key over. */
 	int64_t margin = route_lease_margin_ms(r);
-	double left = lease_end_ms - ip_now_ms();
+	double left = lease_end_ms - mono_ms();
 	if (left < (double)(r->upstream_timeout_ms + margin)) {
 		lease_too_short(w, j, p, c, &k, lease_end_ms, left);
 		return;
@@ -712,9 +712,9 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 	upstream_resp resp;
 	send_upstream(w, j, r, lease_end_ms - (double)margin, &resp);
 	bool got = resp.outcome == UP_RESPONSE;
-	enum idem_record what =
-		idem_record_for(r, got, resp.outcome != UP_NOT_SENT,
-				resp.status);
+	enum decide_record what =
+		decide_record_for(r, got, resp.outcome != UP_NOT_SENT,
+				  resp.status);
 	record(w, j, p, c, &k, what, &resp, lease_end_ms);
 	if (got && resp.too_large) {
 		j->outcome = "forwarded";
@@ -732,7 +732,7 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		reply_problem(j, 504, "upstream_outcome_unknown",
 			      "the request was sent upstream but no complete "
 			      "answer came back; retry with the same key",
-			      idem_retry_after_s(r->lease_ms));
+			      decide_retry_after_s(r->lease_ms));
 	}
 	upstream_resp_free(&resp);
 }
@@ -762,7 +762,7 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 /* The claim of a waiting duplicate failed: it is answered 503, never
@@ -778,7 +778,7 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "
 		      "with the same key",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 /* Once per request: may it wait, and for how long. */
@@ -786,7 +786,7 @@ static void plan_wait(job *j, const route_cfg *r)
 {
 	if (j->wait_planned)
 		return;
-	j->wait_ms = idem_wait_ms(r, &j->req_headers, &j->wait_applied_s);
+	j->wait_ms = decide_wait_ms(r, &j->req_headers, &j->wait_applied_s);
 	j->wait_planned = true;
 }
 
@@ -818,11 +818,11 @@ enum wait_step { WAIT_PARKED, WAIT_NOT, WAIT_ANSWERED };
  * that recording it sends a wake-up; a mark that finds the record changed
  * already parks the job due at once (it claims again). */
 static enum wait_step wait_in_flight(proxy_worker *w, job *j,
-				     const route_cfg *r, const idem_plan *p)
+				     const route_cfg *r, const request_plan *p)
 {
 	if (!w->waiters || j->wait_ms <= 0)
 		return WAIT_NOT;
-	double now = ip_now_ms();
+	double now = mono_ms();
 	if (j->wait_since_ms <= 0) {
 		if (!waiters_admit(w->waiters, j, p->tenant))
 			return WAIT_NOT;
@@ -837,10 +837,10 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 	bool marked;
 	int64_t left;
 	char err[256];
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	int rc = store_wait_mark(w->st, p->tenant, r->name, p->key, &marked,
 				 &left, err, sizeof err);
-	double ms = ip_now_ms() - t0;
+	double ms = mono_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	if (rc) {
@@ -872,7 +872,7 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 			      : "an earlier request with this key is still "
 				"being processed (waited wait_max for it); "
 				"retry after the delay",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 	add_preference_applied(j);
 	reply_account(j);
 	j->done(j);
@@ -880,7 +880,7 @@ void proxy_wait_answer(void *arg, job *j, enum waiters_end why)
 
 /* The claim's statement for the job's key, timed. 0, or -1 with err. */
 static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
-		     const idem_plan *p, claim_result *c, char *err,
+		     const request_plan *p, claim_result *c, char *err,
 		     size_t errlen)
 {
 	if (!j->has_fp)
@@ -904,10 +904,10 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 		replay_key rk = {p->tenant, r->name, p->key};
 		w->cache_gen = replay_cache_generation(w->cache, &rk);
 	}
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	store_batch_use u = batch_use(w, j);
 	int rc = store_batch_claim(&u, &req, c, err, errlen);
-	double ms = ip_now_ms() - t0;
+	double ms = mono_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
 	return rc;
@@ -915,7 +915,7 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 
 /* CLAIM_FORWARD, CLAIM_TAKEOVER: this attempt owns the key. */
 static void claimed_forward(proxy_worker *w, job *j, const route_cfg *r,
-			    const idem_plan *p, const claim_result *c)
+			    const request_plan *p, const claim_result *c)
 {
 	if (c->decision == CLAIM_TAKEOVER)
 		metrics_takeover(r->name);
@@ -929,7 +929,7 @@ static void claimed_forward(proxy_worker *w, job *j, const route_cfg *r,
 /* CLAIM_IN_FLIGHT: wait for the original, or answer 409. True when the
  * job was parked to wait. */
 static bool claimed_in_flight(proxy_worker *w, job *j, const route_cfg *r,
-			      const idem_plan *p)
+			      const request_plan *p)
 {
 	plan_wait(j, r);
 	switch (wait_in_flight(w, j, r, p)) {
@@ -944,7 +944,7 @@ static bool claimed_in_flight(proxy_worker *w, job *j, const route_cfg *r,
 	reply_problem(j, 409, "idempotency_key_in_use",
 		      "an earlier request with this key is still being "
 		      "processed; retry after the delay",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 	return false;
 }
 
@@ -957,7 +957,7 @@ static void claimed_held(proxy_worker *w, job *j, const route_cfg *r)
 		      "the outcome of an earlier attempt with this key is "
 		      "unknown and the key is held until an operator "
 		      "releases it",
-		      idem_retry_after_s(r->retry_after_ms));
+		      decide_retry_after_s(r->retry_after_ms));
 }
 
 /* CLAIM_MISMATCH: the key was used with another payload. */
@@ -973,7 +973,7 @@ static void claimed_mismatch(proxy_worker *w, job *j, const route_cfg *r)
 
 /* True when the job was parked to wait (the worker leaves it alone). */
 static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
-			   const idem_plan *p)
+			   const request_plan *p)
 {
 	claim_result c;
 	char err[256];
@@ -1017,22 +1017,22 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 }
 
 /* Steps 1-2 of the decision, made once per request. */
-static const idem_plan *plan_job(job *j)
+static const request_plan *plan_job(job *j)
 {
 	if (!j->plan) {
 		j->plan = xmalloc(sizeof *j->plan);
-		idem_request rq = {
+		decide_request rq = {
 			.method = j->method,
 			.target = j->target,
 			.path_len = j->path_len,
 			.headers = &j->req_headers,
 			.body = j->body.data ? j->body.data : "",
 			.body_len = j->body.len,
-			.now_ms = ip_wall_ms(),
+			.now_ms = wall_ms(),
 		};
-		idem_plan_request(j->cfg, &rq, j->plan);
+		decide_plan(j->cfg, &rq, j->plan);
 		j->route_name = j->plan->route ? j->plan->route->name : NULL;
-		if (j->plan->action == IDEM_CLAIM) {
+		if (j->plan->action == PLAN_CLAIM) {
 			j->key = xstrdup(j->plan->key);
 			j->tenant = xstrdup(j->plan->tenant);
 		}
@@ -1047,8 +1047,8 @@ bool proxy_fast_path(void *arg, job *j)
 	 * one would stall every connection on the event thread. */
 	if (j->body.len > FAST_PATH_MAX_BODY)
 		return false;
-	const idem_plan *p = plan_job(j);
-	if (p->action == IDEM_REJECT) {
+	const request_plan *p = plan_job(j);
+	if (p->action == PLAN_REJECT) {
 		j->outcome = p->outcome;
 		reply_problem(j, p->status, p->code, p->detail, 0);
 		reply_account(j);
@@ -1056,25 +1056,25 @@ bool proxy_fast_path(void *arg, job *j)
 	}
 	/* Canonicalising a large JSON body would stall every connection on
 	 * the event thread: leave those to a worker. */
-	if (p->action != IDEM_CLAIM || !sh->cache ||
+	if (p->action != PLAN_CLAIM || !sh->cache ||
 	    !replay_cache_enabled(sh->cache))
 		return false;
 	replay_key k = {p->tenant, p->route->name, p->key};
 	int status;
-	ip_buf h = {0}, b = {0};
+	growbuf h = {0}, b = {0};
 	bool hit = false;
-	double now = ip_now_ms();
+	double now = mono_ms();
 	/* A retry sent as its first attempt was is found by its raw form
 	 * (no canonical JSON on the event thread); another spelling of the
 	 * same payload by its fingerprint, which a worker needs anyway when
 	 * there is no entry. */
 	if (replay_cache_has(sh->cache, &k, now)) {
-		ip_buf raw = {0};
+		growbuf raw = {0};
 		if (fingerprint_of(j, p->route, NULL, &raw))
 			hit = replay_cache_get_raw(sh->cache, &k, raw.data,
 						   raw.len, now, &status, &h,
 						   &b);
-		ip_buf_free(&raw);
+		growbuf_free(&raw);
 	}
 	if (!hit && j->body.len >= FP_OFFLOAD_MIN)
 		return false; /* a worker makes it, with a helper thread */
@@ -1096,8 +1096,8 @@ bool proxy_fast_path(void *arg, job *j)
 		metrics_event("replay_cache_hit");
 		reply_account(j);
 	}
-	ip_buf_free(&h);
-	ip_buf_free(&b);
+	growbuf_free(&h);
+	growbuf_free(&b);
 	return hit;
 }
 
@@ -1106,18 +1106,18 @@ void proxy_worker_handle(void *ctx, void *item)
 	proxy_worker *w = ctx;
 	job *j = item;
 	store_set_statement_timeout(w->st, j->cfg->statement_timeout_ms);
-	const idem_plan *p = plan_job(j);
+	const request_plan *p = plan_job(j);
 	const route_cfg *r = p->route;
 	switch (p->action) {
-	case IDEM_REJECT:
+	case PLAN_REJECT:
 		j->outcome = p->outcome;
 		reply_problem(j, p->status, p->code, p->detail, 0);
 		break;
-	case IDEM_PASSTHROUGH:
+	case PLAN_PASSTHROUGH:
 		j->outcome = "passthrough";
 		forward_unprotected(w, j, r);
 		break;
-	case IDEM_CLAIM:
+	case PLAN_CLAIM:
 		if (handle_claimed(w, j, r, p))
 			return; /* parked: a wake-up brings it back */
 		add_preference_applied(j);

@@ -35,7 +35,7 @@ struct reaper {
 	 * last lease_until it walked (it starts at the beginning), and the
 	 * held rows it passed that are still held (a tid[] as text). */
 	char since[64];
-	ip_buf held;
+	growbuf held;
 	int64_t sweep_page; /* the sweep's next page (see store_sweep_leases) */
 	char seal_warned[SEAL_ID_MAX + 1]; /* the key last warned of */
 };
@@ -211,7 +211,7 @@ reaper *reaper_start(const char *db_url, const reaper_config *c,
 	snprintf(r->since, sizeof r->since, "-infinity");
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
-	IP_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
+	ALWAYS_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
 	pthread_setname_np(r->thread, "ip-reaper");
 	return r;
 }
@@ -234,7 +234,7 @@ void reaper_stop(reaper *r)
 	pthread_mutex_unlock(&r->mu);
 	pthread_join(r->thread, NULL);
 	store_free(r->st);
-	ip_buf_free(&r->held);
+	growbuf_free(&r->held);
 	pthread_mutex_destroy(&r->mu);
 	pthread_cond_destroy(&r->cv);
 	free(r);

@@ -161,7 +161,7 @@ static void *retry_main(void *arg)
 	char err[256];
 	pthread_mutex_lock(&rr->mu);
 	for (;;) {
-		double now = ip_now_ms();
+		double now = mono_ms();
 		if (rr->stopping &&
 		    (!rr->head || now >= rr->stop_deadline_ms)) {
 			give_up_all(rr);
@@ -181,7 +181,7 @@ static void *retry_main(void *arg)
 		pthread_mutex_unlock(&rr->mu);
 		err[0] = '\0';
 		bool done = try_one(rr, p, err, sizeof err);
-		now = ip_now_ms();
+		now = mono_ms();
 		if (!done && now >= p->lease_end_ms) {
 			give_up(p, err);
 			done = true;
@@ -216,7 +216,7 @@ record_retry *record_retry_start(const char *db_url,
 	store_set_wake_key(rr->st, wk);
 	pthread_mutex_init(&rr->mu, NULL);
 	pthread_cond_init(&rr->cv, NULL);
-	IP_ASSERT(pthread_create(&rr->thread, NULL, retry_main, rr) == 0);
+	ALWAYS_ASSERT(pthread_create(&rr->thread, NULL, retry_main, rr) == 0);
 	pthread_setname_np(rr->thread, "ip-retry");
 	return rr;
 }
@@ -241,7 +241,7 @@ void record_retry_add(record_retry *rr, const record_retry_item *it)
 	}
 	p->lease_end_ms = it->lease_end_ms;
 	p->backoff_ms = BACKOFF_FIRST_MS;
-	p->next_ms = ip_now_ms() + BACKOFF_FIRST_MS;
+	p->next_ms = mono_ms() + BACKOFF_FIRST_MS;
 	pthread_mutex_lock(&rr->mu);
 	p->next = rr->head;
 	rr->head = p;

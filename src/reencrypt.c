@@ -48,7 +48,7 @@ typedef struct re_ctx {
 	FILE *out, *errs;
 	char *err;
 	size_t errlen;
-	ip_buf plain_h, plain_b, sealed_h, sealed_b;
+	growbuf plain_h, plain_b, sealed_h, sealed_b;
 	long resealed, unreadable;
 	long batch_seals; /* seals of the batch in hand */
 	/* tenant, operation, key of the last row, whole: a cut copy sorts
@@ -96,11 +96,11 @@ static int re_open(re_ctx *x, PGresult *r, int i, const seal_scope *sc,
 	const char *h = PQgetvalue(r, i, 5), *b = PQgetvalue(r, i, 6);
 	size_t hl = (size_t)PQgetlength(r, i, 5);
 	size_t bl = (size_t)PQgetlength(r, i, 6);
-	ip_buf_reset(&x->plain_h);
-	ip_buf_reset(&x->plain_b);
+	growbuf_reset(&x->plain_h);
+	growbuf_reset(&x->plain_b);
 	if (!seal_is_sealed(h, hl)) {
-		ip_buf_append(&x->plain_h, h, hl);
-		ip_buf_append(&x->plain_b, b, bl);
+		growbuf_append(&x->plain_h, h, hl);
+		growbuf_append(&x->plain_b, b, bl);
 		return 0;
 	}
 	if (seal_open(x->keys, sc, SEAL_HEADERS, h, hl, &x->plain_h, why,
@@ -140,7 +140,7 @@ static int re_row(re_ctx *x, PGresult *r, int i)
 	}
 	seal_seal(x->keys, &sc, SEAL_HEADERS, x->plain_h.data, x->plain_h.len,
 		  &x->sealed_h);
-	ip_buf_reset(&x->sealed_b);
+	growbuf_reset(&x->sealed_b);
 	if (has_body)
 		seal_seal(x->keys, &sc, SEAL_BODY, x->plain_b.data,
 			  x->plain_b.len, &x->sealed_b);
@@ -288,10 +288,10 @@ int reencrypt_run(const config *cfg, int batch, FILE *out, FILE *errs,
 	rc = left ? 1 : 0;
 out:
 	pg_link_close(&x.link);
-	ip_buf_free(&x.plain_h);
-	ip_buf_free(&x.plain_b);
-	ip_buf_free(&x.sealed_h);
-	ip_buf_free(&x.sealed_b);
+	growbuf_free(&x.plain_h);
+	growbuf_free(&x.plain_b);
+	growbuf_free(&x.sealed_h);
+	growbuf_free(&x.sealed_b);
 	for (int c = 0; c < 3; c++)
 		free(x.cursor[c]);
 	return rc;

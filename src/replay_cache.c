@@ -36,11 +36,11 @@ typedef struct entry {
  * keys nothing but a rare missed put. */
 struct replay_cache {
 	pthread_mutex_t mu;
-	uint8_t hash_key[IP_SIPHASH_KEY_LEN];
+	uint8_t hash_key[SIPHASH_KEY_LEN];
 	/* Two more keys of the same kind: a raw form is kept as its two
 	 * keyed hashes (128 bits), not whole, so a client that cannot know
 	 * the keys cannot make another request that passes for it. */
-	uint8_t raw_key[2][IP_SIPHASH_KEY_LEN];
+	uint8_t raw_key[2][SIPHASH_KEY_LEN];
 	size_t max_bytes, bytes, count;
 	entry *buckets[NBUCKETS];
 	uint64_t gen[NBUCKETS];
@@ -65,7 +65,7 @@ static size_t id_build(const replay_key *k, char *out, size_t cap)
 
 static uint64_t id_hash(const replay_cache *c, const char *id, size_t n)
 {
-	return ip_siphash24(c->hash_key, id, n);
+	return siphash24(c->hash_key, id, n);
 }
 
 static size_t bucket_of(uint64_t hv)
@@ -78,10 +78,10 @@ replay_cache *replay_cache_new(size_t max_bytes)
 	replay_cache *c = xcalloc(1, sizeof *c);
 	pthread_mutex_init(&c->mu, NULL);
 	c->max_bytes = max_bytes;
-	IP_ASSERT(getrandom(c->hash_key, sizeof c->hash_key, 0) ==
-		  (ssize_t)sizeof c->hash_key);
-	IP_ASSERT(getrandom(c->raw_key, sizeof c->raw_key, 0) ==
-		  (ssize_t)sizeof c->raw_key);
+	ALWAYS_ASSERT(getrandom(c->hash_key, sizeof c->hash_key, 0) ==
+		      (ssize_t)sizeof c->hash_key);
+	ALWAYS_ASSERT(getrandom(c->raw_key, sizeof c->raw_key, 0) ==
+		      (ssize_t)sizeof c->raw_key);
 	return c;
 }
 
@@ -132,7 +132,7 @@ static void drop(replay_cache *c, entry **slot)
 static void drop_entry(replay_cache *c, entry *e)
 {
 	entry **slot = find_slot(c, e->hv, e->data, e->id_len);
-	IP_ASSERT(*slot == e);
+	ALWAYS_ASSERT(*slot == e);
 	drop(c, slot);
 }
 
@@ -152,8 +152,8 @@ static void evict(replay_cache *c, size_t need, double now)
 static void raw_digest(replay_cache *c, const char *raw, size_t len,
 		       uint64_t out[2])
 {
-	out[0] = ip_siphash24(c->raw_key[0], raw, len);
-	out[1] = ip_siphash24(c->raw_key[1], raw, len);
+	out[0] = siphash24(c->raw_key[0], raw, len);
+	out[1] = siphash24(c->raw_key[1], raw, len);
 }
 
 void replay_cache_put(replay_cache *c, const replay_key *k,
@@ -189,7 +189,7 @@ void replay_cache_put(replay_cache *c, const replay_key *k,
 		raw_digest(c, r->raw, r->raw_len, e->raw_digest);
 	}
 
-	double now = ip_now_ms();
+	double now = mono_ms();
 	pthread_mutex_lock(&c->mu);
 	/* A forget since the caller read gen, or a resize since the check
 	 * above: the entry must not go in. */
@@ -221,7 +221,7 @@ enum match { BY_FP, BY_RAW, ANY };
 /* k's unexpired entry, if it matches h as `by` says: copied out. */
 static bool lookup(replay_cache *c, const replay_key *k, enum match by,
 		   const void *h, double now_ms, int *status,
-		   ip_buf *headers, ip_buf *body)
+		   growbuf *headers, growbuf *body)
 {
 	char id[3 * 256 + 8];
 	size_t n = id_build(k, id, sizeof id);
@@ -244,9 +244,9 @@ static bool lookup(replay_cache *c, const replay_key *k, enum match by,
 		hit = true;
 	} else if (match) {
 		*status = e->status;
-		ip_buf_append(headers, e->data + n, e->headers_len);
-		ip_buf_append(body, e->data + n + e->headers_len,
-			      e->body_len);
+		growbuf_append(headers, e->data + n, e->headers_len);
+		growbuf_append(body, e->data + n + e->headers_len,
+			       e->body_len);
 		hit = true;
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -255,14 +255,14 @@ static bool lookup(replay_cache *c, const replay_key *k, enum match by,
 
 bool replay_cache_get(replay_cache *c, const replay_key *k,
 		      const uint8_t hash[FP_LEN], double now_ms, int *status,
-		      ip_buf *headers, ip_buf *body)
+		      growbuf *headers, growbuf *body)
 {
 	return lookup(c, k, BY_FP, hash, now_ms, status, headers, body);
 }
 
 bool replay_cache_get_raw(replay_cache *c, const replay_key *k,
 			  const char *raw, size_t raw_len, double now_ms,
-			  int *status, ip_buf *headers, ip_buf *body)
+			  int *status, growbuf *headers, growbuf *body)
 {
 	uint64_t d[2];
 	raw_digest(c, raw, raw_len, d);
@@ -306,7 +306,7 @@ void replay_cache_resize(replay_cache *c, size_t max_bytes)
 {
 	pthread_mutex_lock(&c->mu);
 	c->max_bytes = max_bytes;
-	evict(c, 0, ip_now_ms());
+	evict(c, 0, mono_ms());
 	pthread_mutex_unlock(&c->mu);
 }
 

@@ -13,7 +13,7 @@ void reply_problem(job *j, int status, const char *code, const char *detail,
 {
 	j->status = status;
 	header_list_free(&j->resp_headers);
-	ip_buf_reset(&j->resp_body);
+	growbuf_reset(&j->resp_body);
 	problem_render(&j->resp_body, status, code, detail, j->request_id);
 	header_list_add(&j->resp_headers, "Content-Type", 12,
 			PROBLEM_CONTENT_TYPE, strlen(PROBLEM_CONTENT_TYPE));
@@ -27,7 +27,7 @@ void reply_problem(job *j, int status, const char *code, const char *detail,
 
 void reply_account(job *j)
 {
-	double total = ip_now_ms() - j->t_start_ms;
+	double total = mono_ms() - j->t_start_ms;
 	metrics_request(j->route_name, j->outcome ? j->outcome : "rejected");
 	metrics_observe_request_ms(total);
 	char path[512];

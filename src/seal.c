@@ -267,7 +267,7 @@ seal_keyring *seal_keyring_parse(const char *text, size_t len,
 			       "active key \"%s\" is not listed", x.active);
 	k->active = (size_t)a;
 	k->cipher = EVP_CIPHER_fetch(NULL, "AES-256-GCM", NULL);
-	IP_ASSERT(k->cipher);
+	ALWAYS_ASSERT(k->cipher);
 	return k;
 }
 
@@ -346,35 +346,35 @@ bool seal_keyring_has(const seal_keyring *k, const char *id)
 
 /* ---- sealing --------------------------------------------------------- */
 
-static void put_u32(ip_buf *b, uint32_t v)
+static void put_u32(growbuf *b, uint32_t v)
 {
 	uint8_t x[4] = {(uint8_t)(v >> 24), (uint8_t)(v >> 16),
 			(uint8_t)(v >> 8), (uint8_t)v};
-	ip_buf_append(b, x, 4);
+	growbuf_append(b, x, 4);
 }
 
-static void put_lp(ip_buf *b, const char *s)
+static void put_lp(growbuf *b, const char *s)
 {
 	size_t n = s ? strlen(s) : 0;
 	put_u32(b, (uint32_t)n);
-	ip_buf_append(b, s ? s : "", n);
+	growbuf_append(b, s ? s : "", n);
 }
 
 /* Every field length-prefixed, so no two scopes make the same bytes. The
  * blob's own header (version and key id) is in it too. */
 static void build_ad(const seal_scope *s, enum seal_field f,
-		     const uint8_t *head, size_t head_len, ip_buf *ad)
+		     const uint8_t *head, size_t head_len, growbuf *ad)
 {
-	ip_buf_reset(ad);
-	ip_buf_append(ad, SEAL_AD_LABEL, sizeof SEAL_AD_LABEL);
+	growbuf_reset(ad);
+	growbuf_append(ad, SEAL_AD_LABEL, sizeof SEAL_AD_LABEL);
 	uint8_t fb[2] = {(uint8_t)f, s->has_body ? 1 : 0};
-	ip_buf_append(ad, fb, 2);
+	growbuf_append(ad, fb, 2);
 	put_u32(ad, (uint32_t)s->status);
 	put_lp(ad, s->tenant);
 	put_lp(ad, s->operation);
 	put_lp(ad, s->key);
-	ip_buf_append(ad, s->hash, SEAL_HASH_LEN);
-	ip_buf_append(ad, head, head_len);
+	growbuf_append(ad, s->hash, SEAL_HASH_LEN);
+	growbuf_append(ad, head, head_len);
 }
 
 bool seal_is_sealed(const char *blob, size_t len)
@@ -407,43 +407,43 @@ int seal_blob_key_id(const char *blob, size_t len, char *id)
 }
 
 void seal_seal(const seal_keyring *k, const seal_scope *s,
-	       enum seal_field f, const char *pt, size_t n, ip_buf *out)
+	       enum seal_field f, const char *pt, size_t n, growbuf *out)
 {
 	const seal_key *key = &k->keys[k->active];
 	size_t idn = strlen(key->id);
-	ip_buf_reset(out);
-	ip_buf_reserve(out, 3 + idn + SEAL_NONCE_LEN + n + SEAL_TAG_LEN);
+	growbuf_reset(out);
+	growbuf_reserve(out, 3 + idn + SEAL_NONCE_LEN + n + SEAL_TAG_LEN);
 	uint8_t head[3] = {SEAL_MAGIC, SEAL_VERSION, (uint8_t)idn};
-	ip_buf_append(out, head, 3);
-	ip_buf_append(out, key->id, idn);
+	growbuf_append(out, head, 3);
+	growbuf_append(out, key->id, idn);
 	size_t head_len = out->len;
 	uint8_t nonce[SEAL_NONCE_LEN];
-	IP_ASSERT(RAND_bytes(nonce, sizeof nonce) == 1);
-	ip_buf_append(out, nonce, sizeof nonce);
+	ALWAYS_ASSERT(RAND_bytes(nonce, sizeof nonce) == 1);
+	growbuf_append(out, nonce, sizeof nonce);
 
-	ip_buf ad = {0};
+	growbuf ad = {0};
 	build_ad(s, f, (const uint8_t *)out->data, head_len, &ad);
 	EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-	IP_ASSERT(c);
+	ALWAYS_ASSERT(c);
 	int len = 0;
 	uint8_t *dst = (uint8_t *)out->data + out->len;
-	IP_ASSERT(EVP_EncryptInit_ex2(c, k->cipher, key->key, nonce, NULL));
-	IP_ASSERT(EVP_EncryptUpdate(c, NULL, &len, (const uint8_t *)ad.data,
-				    (int)ad.len));
+	ALWAYS_ASSERT(EVP_EncryptInit_ex2(c, k->cipher, key->key, nonce, NULL));
+	ALWAYS_ASSERT(EVP_EncryptUpdate(c, NULL, &len, (const uint8_t *)ad.data,
+					(int)ad.len));
 	size_t done = 0;
 	if (n) {
-		IP_ASSERT(EVP_EncryptUpdate(c, dst, &len, (const uint8_t *)pt,
-					    (int)n));
+		ALWAYS_ASSERT(EVP_EncryptUpdate(c, dst, &len,
+						(const uint8_t *)pt, (int)n));
 		done = (size_t)len;
 	}
-	IP_ASSERT(EVP_EncryptFinal_ex(c, dst + done, &len));
+	ALWAYS_ASSERT(EVP_EncryptFinal_ex(c, dst + done, &len));
 	done += (size_t)len;
-	IP_ASSERT(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, SEAL_TAG_LEN,
-				      dst + done));
+	ALWAYS_ASSERT(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG,
+					  SEAL_TAG_LEN, dst + done));
 	out->len += done + SEAL_TAG_LEN;
 	out->data[out->len] = '\0';
 	EVP_CIPHER_CTX_free(c);
-	ip_buf_free(&ad);
+	growbuf_free(&ad);
 }
 
 /* The key a blob names, into id: its index in k, or -1 with the reason
@@ -473,18 +473,18 @@ static int open_key(const seal_keyring *k, enum seal_field f,
  * false when it does not authenticate (out then holds nothing). */
 static bool open_blob(const uint8_t *key, const EVP_CIPHER *cipher,
 		      const seal_scope *s, enum seal_field f,
-		      const uint8_t *blob, size_t n, size_t head, ip_buf *out)
+		      const uint8_t *blob, size_t n, size_t head, growbuf *out)
 {
 	const uint8_t *nonce = blob + head;
 	const uint8_t *ct = nonce + SEAL_NONCE_LEN;
 	size_t ct_len = n - head - SEAL_NONCE_LEN - SEAL_TAG_LEN;
 	const uint8_t *tag = ct + ct_len;
 
-	ip_buf ad = {0};
+	growbuf ad = {0};
 	build_ad(s, f, blob, head, &ad);
-	ip_buf_reserve(out, ct_len + 16);
+	growbuf_reserve(out, ct_len + 16);
 	EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-	IP_ASSERT(c);
+	ALWAYS_ASSERT(c);
 	int len = 0;
 	uint8_t *dst = (uint8_t *)out->data;
 	bool ok = EVP_DecryptInit_ex2(c, cipher, key, nonce, NULL) &&
@@ -499,11 +499,11 @@ static bool open_blob(const uint8_t *key, const EVP_CIPHER *cipher,
 				       (void *)tag);
 	ok = ok && EVP_DecryptFinal_ex(c, dst + done, &len) > 0;
 	EVP_CIPHER_CTX_free(c);
-	ip_buf_free(&ad);
+	growbuf_free(&ad);
 	if (!ok) {
 		/* Nothing of an unauthenticated plaintext is handed out. */
 		OPENSSL_cleanse(out->data, ct_len);
-		ip_buf_reset(out);
+		growbuf_reset(out);
 		return false;
 	}
 	out->len = done + (size_t)len;
@@ -512,10 +512,10 @@ static bool open_blob(const uint8_t *key, const EVP_CIPHER *cipher,
 }
 
 int seal_open(const seal_keyring *k, const seal_scope *s, enum seal_field f,
-	      const char *blob, size_t n, ip_buf *out, char *err,
+	      const char *blob, size_t n, growbuf *out, char *err,
 	      size_t errlen)
 {
-	ip_buf_reset(out);
+	growbuf_reset(out);
 	size_t head;
 	char id[SEAL_ID_MAX + 1];
 	int ki = open_key(k, f, blob, n, &head, id, err, errlen);

@@ -32,8 +32,8 @@ static uint64_t load_le64(const uint8_t *p)
 		v2 = ROTL(v2, 32);                                             \
 	} while (0)
 
-uint64_t ip_siphash24(const uint8_t key[IP_SIPHASH_KEY_LEN], const void *p,
-		      size_t n)
+uint64_t siphash24(const uint8_t key[SIPHASH_KEY_LEN], const void *p,
+		   size_t n)
 {
 	const uint8_t *in = p;
 	uint64_t k0 = load_le64(key), k1 = load_le64(key + 8);

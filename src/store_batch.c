@@ -43,7 +43,7 @@ typedef struct item {
 	const complete_req *rec; /* LANE_RECORD */
 	int max;
 	int64_t timeout_ms;
-	double deadline; /* leaves the queue then (ip_now_ms) */
+	double deadline; /* leaves the queue then (mono_ms) */
 	size_t bytes;
 	bool hit;    /* inserted, or written */
 	bool marked; /* written, and a waiter had marked it */
@@ -138,7 +138,7 @@ static int lane_take(lane *l)
 						: STORE_MANY_MAX;
 	int n = 0;
 	size_t bytes = 0;
-	double now = ip_now_ms();
+	double now = mono_ms();
 	while (l->head && n < max &&
 	       (n == 0 || bytes + l->head->bytes <= BATCH_MAX_BYTES)) {
 		item *it = l->head;
@@ -173,14 +173,14 @@ static int lane_statement(lane *l, int n, bool *resent, char *err,
 	store_set_statement_timeout(l->st, l->cur[0]->timeout_ms);
 	store_set_deadline(l->st, cap);
 	l->sending = true;
-	l->sent_at = ip_now_ms();
+	l->sent_at = mono_ms();
 	int rc = l->kind == LANE_CLAIM
 			 ? store_claim_new_many(l->st, l->claims, n, l->hit,
 						err, errlen)
 			 : store_complete_many(l->st, l->recs, n, l->hit,
 					       l->marked, resent, err, errlen);
 	l->sending = false;
-	double took = ip_now_ms() - l->sent_at;
+	double took = mono_ms() - l->sent_at;
 	if (!rc)
 		l->avg_ms = l->avg_ms > 0 ? l->avg_ms + (took - l->avg_ms) / 8
 					  : took;
@@ -196,10 +196,10 @@ static void lane_send(lane *l)
 	int rc = -1;
 	bool resent = false;
 	char err[256] = "the database was unreachable a moment ago";
-	if (ip_now_ms() >= l->down_until) {
+	if (mono_ms() >= l->down_until) {
 		rc = lane_statement(l, n, &resent, err, sizeof err);
 		if (rc && store_outage(l->st))
-			l->down_until = ip_now_ms() + DOWN_MS;
+			l->down_until = mono_ms() + DOWN_MS;
 	}
 	if (rc) {
 		/* Each call then goes alone through its worker's connection,
@@ -240,7 +240,7 @@ static bool lane_stalled(const lane *l, double now)
  * look again (-1: nothing queued). */
 static double lane_expire(lane *l)
 {
-	double now = ip_now_ms(), next = -1;
+	double now = mono_ms(), next = -1;
 	bool stalled = lane_stalled(l, now);
 	int late = 0;
 	item *prev = NULL;
@@ -376,7 +376,7 @@ static lane *lane_for(const store_batch_use *u, int kind)
 	if (!u->b || u->max <= 1 || !fiber_current())
 		return NULL;
 	lane *l = &u->b->lanes[kind];
-	double now = ip_now_ms();
+	double now = mono_ms();
 	l->stall_ms = (double)u->stall_ms;
 	if (!l->running || now < l->down_until || lane_stalled(l, now))
 		return NULL;
@@ -430,11 +430,11 @@ int store_batch_claim(const store_batch_use *u, const claim_req *req,
 	}
 	/* The batch statement goes out after this: its lease counts from
 	 * no later than the database's. */
-	double asked = ip_now_ms();
+	double asked = mono_ms();
 	item it = {.claim = req,
 		   .max = u->max,
 		   .timeout_ms = u->statement_timeout_ms,
-		   .deadline = ip_now_ms() +
+		   .deadline = mono_ms() +
 			       (double)pg_link_wait_ms(u->statement_timeout_ms)};
 	lane_wait(l, &it);
 	if (it.end == ITEM_ALONE || it.end == ITEM_LATE)
@@ -454,7 +454,7 @@ int store_batch_claim(const store_batch_use *u, const claim_req *req,
  * background retrier's. */
 static double record_deadline(const store_batch_use *u)
 {
-	double now = ip_now_ms();
+	double now = mono_ms();
 	double d = now + (double)pg_link_wait_ms(u->statement_timeout_ms);
 	if (u->lease_end_ms > 0 && now + (u->lease_end_ms - now) / 2 < d)
 		d = now + (u->lease_end_ms - now) / 2;
@@ -479,13 +479,13 @@ int store_batch_complete(const store_batch_use *u, const complete_req *q,
 		   .timeout_ms = u->statement_timeout_ms,
 		   .deadline = record_deadline(u),
 		   .bytes = bytes};
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	lane_wait(l, &it);
 	if (it.end == ITEM_LATE ||
-	    (it.end == ITEM_ALONE && ip_now_ms() >= it.deadline)) {
+	    (it.end == ITEM_ALONE && mono_ms() >= it.deadline)) {
 		snprintf(err, errlen,
 			 "record: no answer from the store's batch within "
-			 "%.1fs", (ip_now_ms() - t0) / 1000.0);
+			 "%.1fs", (mono_ms() - t0) / 1000.0);
 		return -1;
 	}
 	if (it.end == ITEM_ALONE) {

@@ -278,7 +278,7 @@ void store_free(store *s)
 		return;
 	pg_link_close(&s->link);
 	for (size_t i = 0; i < sizeof s->arr / sizeof s->arr[0]; i++)
-		ip_buf_free(&s->arr[i]);
+		growbuf_free(&s->arr[i]);
 	free(s);
 }
 
@@ -311,8 +311,8 @@ static __thread struct {
 void store_new_token(uint8_t out[STORE_TOKEN_LEN])
 {
 	if (token_pool.left == 0) {
-		IP_ASSERT(RAND_bytes(token_pool.bytes,
-				     sizeof token_pool.bytes) == 1);
+		ALWAYS_ASSERT(RAND_bytes(token_pool.bytes,
+					 sizeof token_pool.bytes) == 1);
 		token_pool.left = TOKEN_POOL;
 	}
 	token_pool.left--;
@@ -431,7 +431,7 @@ static int claim_call(store *s, const claim_req *req, claim_result *out,
 {
 	claim_params cp;
 	claim_params_of(req, &cp);
-	double asked = ip_now_ms();
+	double asked = mono_ms();
 	PGresult *r = run(s, ST_CLAIM, cp.vals, cp.lens, cp.fmts, 1);
 	if (exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "claim")) {
 		PQclear(r);
@@ -491,7 +491,7 @@ static int claim_once(store *s, const claim_req *req, bool existing,
 	if (!s->citus && !existing) {
 		claim_params cp;
 		claim_params_of(req, &cp);
-		double asked = ip_now_ms();
+		double asked = mono_ms();
 		PGresult *r = run(s, ST_CLAIM_NEW, cp.vals, cp.lens, cp.fmts,
 				  1);
 		if (exec_ok(s, r, PGRES_COMMAND_OK, err, errlen, "claim")) {
@@ -707,21 +707,21 @@ int store_release(store *s, const record_key *k, bool *fenced, char *err,
 
 /* '{"a","b"}' and '{1,2}': key ids hold no quote or backslash (seal.h),
  * and quoted, an id "NULL" stays a string. */
-static void seal_arrays(const seal_tally_entry *add, size_t n, ip_buf *ids,
-			ip_buf *counts)
+static void seal_arrays(const seal_tally_entry *add, size_t n, growbuf *ids,
+			growbuf *counts)
 {
-	ip_buf_reset(ids);
-	ip_buf_reset(counts);
-	ip_buf_printf(ids, "{");
-	ip_buf_printf(counts, "{");
+	growbuf_reset(ids);
+	growbuf_reset(counts);
+	growbuf_printf(ids, "{");
+	growbuf_printf(counts, "{");
 	for (size_t i = 0; i < n; i++) {
 		const char *sep = i ? "," : "";
-		ip_buf_printf(ids, "%s\"%s\"", sep, add[i].id);
-		ip_buf_printf(counts, "%s%llu", sep,
-			      (unsigned long long)add[i].n);
+		growbuf_printf(ids, "%s\"%s\"", sep, add[i].id);
+		growbuf_printf(counts, "%s%llu", sep,
+			       (unsigned long long)add[i].n);
 	}
-	ip_buf_printf(ids, "}");
-	ip_buf_printf(counts, "}");
+	growbuf_printf(ids, "}");
+	growbuf_printf(counts, "}");
 }
 
 int store_seal_counts(store *s, const seal_tally_entry *add, size_t nadd,

@@ -17,7 +17,7 @@ struct store {
 	bool outage; /* the last failure: no connection, or it broke */
 	bool citus;  /* the records are distributed: reaper works per shard */
 	bool many;   /* sends complete_many: many_settings */
-	ip_buf arr[9]; /* their array parameters */
+	growbuf arr[9]; /* their array parameters */
 	const wake_key *wake; /* names the NOTIFY payloads; NULL: sends none */
 };
 

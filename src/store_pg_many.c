@@ -6,19 +6,19 @@
 
 #include "store_pg_int.h"
 
-static void put_be32(ip_buf *b, int32_t v)
+static void put_be32(growbuf *b, int32_t v)
 {
 	uint32_t n = htonl((uint32_t)v);
-	ip_buf_append(b, &n, 4);
+	growbuf_append(b, &n, 4);
 }
 
 /* A one-dimensional array parameter in PostgreSQL's binary form
  * (array_recv): dimensions, whether any element is NULL, the element
  * type, the length and lower bound; then each element's length (-1 for
  * NULL) and bytes. */
-static void arr_start(ip_buf *b, Oid elem, int n)
+static void arr_start(growbuf *b, Oid elem, int n)
 {
-	ip_buf_reset(b);
+	growbuf_reset(b);
 	put_be32(b, 1);
 	put_be32(b, 0);
 	put_be32(b, (int32_t)elem);
@@ -26,18 +26,18 @@ static void arr_start(ip_buf *b, Oid elem, int n)
 	put_be32(b, 1);
 }
 
-static void arr_add(ip_buf *b, const void *p, int len)
+static void arr_add(growbuf *b, const void *p, int len)
 {
 	put_be32(b, len);
 	if (len > 0)
-		ip_buf_append(b, p, (size_t)len);
+		growbuf_append(b, p, (size_t)len);
 	if (len < 0) {
 		uint32_t one = htonl(1);
 		memcpy(b->data + 4, &one, 4);
 	}
 }
 
-static void arr_add_str(ip_buf *b, const char *s)
+static void arr_add_str(growbuf *b, const char *s)
 {
 	arr_add(b, s, (int)strlen(s));
 }
@@ -110,7 +110,7 @@ static int claim_many_once(store *s, const claim_req *const *reqs, int n,
 int store_claim_new_many(store *s, const claim_req *const *reqs, int n,
 			 bool *inserted, char *err, size_t errlen)
 {
-	IP_ASSERT(n > 0 && n <= STORE_MANY_MAX && !s->citus);
+	ALWAYS_ASSERT(n > 0 && n <= STORE_MANY_MAX && !s->citus);
 	bool was_connected = s->link.conn != NULL;
 	int rc = claim_many_once(s, reqs, n, inserted, err, errlen);
 	/* As claim_retried: an insert that did commit leaves its rows to
@@ -173,7 +173,7 @@ int store_complete_many(store *s, const complete_req *const *reqs, int n,
 			bool *updated, bool *marked, bool *resent, char *err,
 			size_t errlen)
 {
-	IP_ASSERT(n > 0 && n <= STORE_MANY_MAX);
+	ALWAYS_ASSERT(n > 0 && n <= STORE_MANY_MAX);
 	bool was_connected = s->link.conn != NULL;
 	*resent = false;
 	int rc = complete_many_once(s, reqs, n, updated, marked, err, errlen);

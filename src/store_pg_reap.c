@@ -127,7 +127,7 @@ typedef struct shard_walk_out {
 /* One command on every shard from its place in map (see shard_walk); map
  * takes the places the shards answered with, also when some failed (their
  * worker is down: the call fails after the others were done). */
-static int shard_walk(store *s, const char *cmd, ip_buf *map,
+static int shard_walk(store *s, const char *cmd, growbuf *map,
 		      shard_walk_out *out, char *err, size_t errlen,
 		      const char *what)
 {
@@ -145,15 +145,15 @@ static int shard_walk(store *s, const char *cmd, ip_buf *map,
 	out->more = PQgetvalue(r, 0, 1)[0] == 't';
 	out->count = atoll(PQgetvalue(r, 0, 2));
 	out->oldest_age_s = atof(PQgetvalue(r, 0, 3));
-	ip_buf_reset(map);
-	ip_buf_puts(map, PQgetvalue(r, 0, 7));
+	growbuf_reset(map);
+	growbuf_puts(map, PQgetvalue(r, 0, 7));
 	rc = shards_failed(r, 4, err, errlen, what);
 	PQclear(r);
 	return rc;
 }
 
 /* A per-shard statement (cmd) through shard_walk, the map in held. */
-static int shard_step(store *s, const char *cmd, ip_buf *held,
+static int shard_step(store *s, const char *cmd, growbuf *held,
 		      int *released, bool *more, char *err, size_t errlen,
 		      const char *what)
 {
@@ -165,15 +165,15 @@ static int shard_step(store *s, const char *cmd, ip_buf *held,
 }
 
 int store_reap_leases(store *s, int batch, char *since, size_t since_len,
-		      ip_buf *held, int *released, bool *more, char *err,
+		      growbuf *held, int *released, bool *more, char *err,
 		      size_t errlen)
 {
 	*released = 0;
 	*more = false;
 	if (s->citus) {
 		char cmd[4096];
-		IP_ASSERT(snprintf(cmd, sizeof cmd, SHARD_REAP_SQL, batch,
-				   batch, batch) < (int)sizeof cmd);
+		ALWAYS_ASSERT(snprintf(cmd, sizeof cmd, SHARD_REAP_SQL, batch,
+				       batch, batch) < (int)sizeof cmd);
 		return shard_step(s, cmd, held, released, more, err, errlen,
 				  "reap");
 	}
@@ -187,8 +187,8 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 	if (!rc && PQntuples(r) == 1) {
 		*released = atoi(PQgetvalue(r, 0, 0));
 		int walked = atoi(PQgetvalue(r, 0, 1));
-		ip_buf_reset(held);
-		ip_buf_puts(held, PQgetvalue(r, 0, 3));
+		growbuf_reset(held);
+		growbuf_puts(held, PQgetvalue(r, 0, 3));
 		/* The next walk starts at the last lease_until walked (>=:
 		 * another row may end at the same microsecond), or a
 		 * microsecond after a full batch of one instant. */
@@ -202,15 +202,15 @@ int store_reap_leases(store *s, int batch, char *since, size_t since_len,
 	return rc;
 }
 
-int store_sweep_leases(store *s, int pages, int64_t *page, ip_buf *held,
+int store_sweep_leases(store *s, int pages, int64_t *page, growbuf *held,
 		       int *released, char *err, size_t errlen)
 {
 	*released = 0;
 	if (s->citus) {
 		char cmd[4096];
 		bool more;
-		IP_ASSERT(snprintf(cmd, sizeof cmd, SHARD_SWEEP_SQL, pages,
-				   pages, pages) < (int)sizeof cmd);
+		ALWAYS_ASSERT(snprintf(cmd, sizeof cmd, SHARD_SWEEP_SQL, pages,
+				       pages, pages) < (int)sizeof cmd);
 		return shard_step(s, cmd, held, released, &more, err, errlen,
 				  "sweep");
 	}
@@ -225,8 +225,8 @@ int store_sweep_leases(store *s, int pages, int64_t *page, ip_buf *held,
 	if (!rc && PQntuples(r) == 1) {
 		*released = atoi(PQgetvalue(r, 0, 0));
 		*page = atoll(PQgetvalue(r, 0, 1));
-		ip_buf_reset(held);
-		ip_buf_puts(held, PQgetvalue(r, 0, 2));
+		growbuf_reset(held);
+		growbuf_puts(held, PQgetvalue(r, 0, 2));
 	}
 	PQclear(r);
 	return rc;
@@ -240,7 +240,7 @@ int store_purge_expired(store *s, int batch, int *purged, char *err,
 	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
 }
 
-int store_processing_stats(store *s, const char *since, ip_buf *held,
+int store_processing_stats(store *s, const char *since, growbuf *held,
 			   int64_t *count, double *oldest_age_s, char *err,
 			   size_t errlen)
 {
@@ -260,8 +260,8 @@ int store_processing_stats(store *s, const char *since, ip_buf *held,
 	if (!rc) {
 		*count = atoll(PQgetvalue(r, 0, 0));
 		*oldest_age_s = atof(PQgetvalue(r, 0, 1));
-		ip_buf_reset(held);
-		ip_buf_puts(held, PQgetvalue(r, 0, 2));
+		growbuf_reset(held);
+		growbuf_puts(held, PQgetvalue(r, 0, 2));
 	}
 	PQclear(r);
 	return rc;

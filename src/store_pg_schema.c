@@ -74,9 +74,9 @@ static int version_on(PGconn *c, int *version, char *err, size_t errlen)
 	if (!r)
 		return 0;
 	bool all = true;
-	for (int i = 0; i < ip_n_migrations && all; i++) {
-		if (has_version(r, ip_migrations[i].version))
-			*version = ip_migrations[i].version;
+	for (int i = 0; i < n_embedded_migrations && all; i++) {
+		if (has_version(r, embedded_migrations[i].version))
+			*version = embedded_migrations[i].version;
 		else
 			all = false;
 	}
@@ -128,9 +128,9 @@ int store_wake_key_read(store *s, wake_key *out, char *err, size_t errlen)
 int store_expected_version(void)
 {
 	int v = 0;
-	for (int i = 0; i < ip_n_migrations; i++)
-		if (ip_migrations[i].version > v)
-			v = ip_migrations[i].version;
+	for (int i = 0; i < n_embedded_migrations; i++)
+		if (embedded_migrations[i].version > v)
+			v = embedded_migrations[i].version;
 	return v;
 }
 
@@ -205,10 +205,10 @@ int store_migrate(store *s, int *applied, char *err, size_t errlen)
 	PGresult *have;
 	if (applied_on(c, &have, err, errlen))
 		goto out;
-	for (int i = 0; i < ip_n_migrations; i++) {
-		if (have && has_version(have, ip_migrations[i].version))
+	for (int i = 0; i < n_embedded_migrations; i++) {
+		if (have && has_version(have, embedded_migrations[i].version))
 			continue;
-		if (apply_one(c, &ip_migrations[i], err, errlen)) {
+		if (apply_one(c, &embedded_migrations[i], err, errlen)) {
 			PQclear(have);
 			goto out;
 		}

@@ -82,7 +82,7 @@ static int stage_003(PGconn *c, const config *cfg, char *err, size_t errlen)
 }
 
 /* Each jwt route's operation and the prefix its tenants get
- * ("jwt:ISSUER:", the issuer escaped as idem.c stores it). */
+ * ("jwt:ISSUER:", the issuer escaped as decide.c stores it). */
 static int stage_010(PGconn *c, const config *cfg, char *err, size_t errlen)
 {
 	if (exec(c,
@@ -95,7 +95,7 @@ static int stage_010(PGconn *c, const config *cfg, char *err, size_t errlen)
 		if (r->tenant_kind != TENANT_JWT || !r->jwt)
 			continue;
 		char iss[ROUTE_JWT_ISSUER_MAX + 1], prefix[sizeof iss + 8];
-		ip_pct_escape(r->jwt->issuer, iss, sizeof iss);
+		pct_escape(r->jwt->issuer, iss, sizeof iss);
 		snprintf(prefix, sizeof prefix, "jwt:%s:", iss);
 		const char *vals[2] = {r->name, prefix};
 		if (exec(c,

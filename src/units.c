@@ -72,12 +72,12 @@ static int parse_with_units(const char *s, const struct unit *units,
 	return -1;
 }
 
-int ip_parse_duration_ms(const char *s, int64_t *out_ms)
+int parse_duration_ms(const char *s, int64_t *out_ms)
 {
 	return parse_with_units(s, duration_units, out_ms);
 }
 
-int ip_parse_size(const char *s, int64_t *out_bytes)
+int parse_size(const char *s, int64_t *out_bytes)
 {
 	return parse_with_units(s, size_units, out_bytes);
 }

@@ -44,7 +44,7 @@ struct upstream {
 	bool framing_off;   /* bytes were left after the response */
 	/* per response */
 	bool headers_done;  /* the final response's header block has ended */
-	ip_buf conn_tokens; /* the response's Connection header values */
+	growbuf conn_tokens; /* the response's Connection header values */
 	upstream_resp *resp;
 	int64_t max_response;
 	double end_ms; /* the whole call ends by then (both rounds) */
@@ -52,8 +52,8 @@ struct upstream {
 	 * keeps: no allocation per request once they are large enough. */
 	struct curl_slist *hdr_nodes;
 	size_t cap_nodes;
-	ip_buf hdr_text;
-	ip_buf url;
+	growbuf hdr_text;
+	growbuf url;
 	/* On a fiber (fiber.h) the transfer is driven by libcurl's socket
 	 * interface: the sockets it wants watched and its timer. */
 	int wfd[UPSTREAM_MAX_WATCH], wev[UPSTREAM_MAX_WATCH], n_watch;
@@ -73,9 +73,9 @@ void upstream_free(upstream *u)
 	/* Closes the kept-alive connections through on_close_socket. */
 	curl_multi_cleanup(u->m);
 	curl_easy_cleanup(u->h);
-	ip_buf_free(&u->conn_tokens);
-	ip_buf_free(&u->hdr_text);
-	ip_buf_free(&u->url);
+	growbuf_free(&u->conn_tokens);
+	growbuf_free(&u->hdr_text);
+	growbuf_free(&u->url);
 	free(u->hdr_nodes);
 	free(u->socks);
 	free(u->sock_ports);
@@ -92,7 +92,7 @@ static bool is_hop_header_n(const char *name, size_t n)
 {
 	for (size_t i = 0; i < sizeof hop_headers / sizeof hop_headers[0]; i++)
 		if (strlen(hop_headers[i]) == n &&
-		    ip_strncaseeq(name, hop_headers[i], n))
+		    str_ncaseeq(name, hop_headers[i], n))
 			return true;
 	return false;
 }
@@ -202,7 +202,7 @@ static int on_prereq(void *p, char *ip, char *lip, int port, int lport)
 
 /* Is [name, name + n) listed in one of the Connection header values
  * collected in tokens (NUL-separated)? */
-static bool in_tokens(const ip_buf *tokens, const char *name, size_t n)
+static bool in_tokens(const growbuf *tokens, const char *name, size_t n)
 {
 	const char *p = tokens->data, *end = p + tokens->len;
 	while (p && p < end) {
@@ -212,7 +212,7 @@ static bool in_tokens(const ip_buf *tokens, const char *name, size_t n)
 			s++;
 		while (t > s && (t[-1] == ' ' || t[-1] == '\t'))
 			t--;
-		if ((size_t)(t - s) == n && ip_strncaseeq(s, name, n))
+		if ((size_t)(t - s) == n && str_ncaseeq(s, name, n))
 			return true;
 		p = e ? e + 1 : end;
 	}
@@ -246,7 +246,7 @@ static size_t on_header(char *buf, size_t size, size_t n, void *p)
 	if (len >= 5 && !memcmp(buf, "HTTP/", 5)) {
 		/* A new response (after 100 Continue, say): start over. */
 		header_list_free(&u->resp->headers);
-		ip_buf_reset(&u->conn_tokens);
+		growbuf_reset(&u->conn_tokens);
 		u->headers_done = false;
 		return len;
 	}
@@ -273,14 +273,14 @@ static size_t on_header(char *buf, size_t size, size_t n, void *p)
 		end--;
 	if (nlen == 0)
 		return len;
-	if (nlen == 10 && ip_strncaseeq(buf, "Connection", 10)) {
+	if (nlen == 10 && str_ncaseeq(buf, "Connection", 10)) {
 		if (u->conn_tokens.len)
-			ip_buf_puts(&u->conn_tokens, ",");
-		ip_buf_append(&u->conn_tokens, v, (size_t)(end - v));
+			growbuf_puts(&u->conn_tokens, ",");
+		growbuf_append(&u->conn_tokens, v, (size_t)(end - v));
 		return len;
 	}
 	if (is_hop_header_n(buf, nlen) ||
-	    (nlen == 4 && ip_strncaseeq(buf, "Date", 4)))
+	    (nlen == 4 && str_ncaseeq(buf, "Date", 4)))
 		return len;
 	header_list_add(&u->resp->headers, buf, nlen, v, (size_t)(end - v));
 	return len;
@@ -294,7 +294,7 @@ static size_t on_body(char *buf, size_t size, size_t n, void *p)
 		u->resp->too_large = true;
 		return 0; /* aborts the transfer (and closes the connection) */
 	}
-	ip_buf_append(&u->resp->body, buf, len);
+	growbuf_append(&u->resp->body, buf, len);
 	return len;
 }
 
@@ -330,14 +330,14 @@ static int on_timer(CURLM *m, long timeout_ms, void *p)
 	(void)m;
 	upstream *u = p;
 	u->timer_ms = timeout_ms;
-	u->timer_at = ip_now_ms();
+	u->timer_at = mono_ms();
 	return 0;
 }
 
 static void new_multi(upstream *u)
 {
 	u->m = curl_multi_init();
-	IP_ASSERT(u->m);
+	ALWAYS_ASSERT(u->m);
 	u->n_watch = 0;
 	u->timer_ms = -1;
 	curl_multi_setopt(u->m, CURLMOPT_SOCKETFUNCTION, on_watch);
@@ -350,7 +350,7 @@ upstream *upstream_new(void)
 {
 	upstream *u = xcalloc(1, sizeof *u);
 	CURL *h = curl_easy_init();
-	IP_ASSERT(h);
+	ALWAYS_ASSERT(h);
 	u->h = h;
 	new_multi(u);
 	/* Set once: the handle is reused for every attempt of this worker
@@ -389,25 +389,25 @@ static struct curl_slist *build_headers(upstream *u, const upstream_req *req)
 		u->hdr_nodes = xrealloc(u->hdr_nodes,
 					u->cap_nodes * sizeof *u->hdr_nodes);
 	}
-	ip_buf *t = &u->hdr_text;
-	ip_buf_reset(t);
+	growbuf *t = &u->hdr_text;
+	growbuf_reset(t);
 	bool has_ct = false;
 	size_t k = 0;
 	/* Offsets first: the text buffer may move while it grows. */
 	for (size_t i = 0; i < req->headers->n; i++, k++) {
 		const http_header *h = &req->headers->v[i];
-		if (ip_strcaseeq(h->name, "Content-Type"))
+		if (str_caseeq(h->name, "Content-Type"))
 			has_ct = true;
 		u->hdr_nodes[k].data = (char *)(uintptr_t)t->len;
-		ip_buf_puts(t, h->name);
+		growbuf_puts(t, h->name);
 		if (h->value[0]) {
-			ip_buf_append(t, ": ", 2);
-			ip_buf_puts(t, h->value);
+			growbuf_append(t, ": ", 2);
+			growbuf_puts(t, h->value);
 		} else {
 			/* "Name;" is curl's way to send an empty header. */
-			ip_buf_append(t, ";", 1);
+			growbuf_append(t, ";", 1);
 		}
-		ip_buf_append(t, "", 1); /* the line's NUL */
+		growbuf_append(t, "", 1); /* the line's NUL */
 	}
 	for (size_t i = 0; i < k; i++)
 		u->hdr_nodes[i].data = t->data + (uintptr_t)u->hdr_nodes[i].data;
@@ -469,7 +469,7 @@ static CURLcode perform(upstream *u)
 		memcpy(evs, u->wev, (size_t)n * sizeof *evs);
 		/* as curl_multi_poll: never past libcurl's timer, and never
 		 * more than a second without asking it */
-		double deadline = ip_now_ms() + 1000.0;
+		double deadline = mono_ms() + 1000.0;
 		if (u->timer_ms >= 0 && u->timer_at + (double)u->timer_ms <
 						deadline)
 			deadline = u->timer_at + (double)u->timer_ms;
@@ -512,7 +512,7 @@ static void drop_connections(upstream *u)
  * connect timeout is the usual one, or what is left if less. */
 static bool set_round_timeouts(upstream *u)
 {
-	double left = u->end_ms - ip_now_ms();
+	double left = u->end_ms - mono_ms();
 	if (left < 1)
 		return false;
 	long total = (long)left;
@@ -536,8 +536,8 @@ static CURLcode perform_attempt(upstream *u, const upstream_req *req)
 		}
 		u->stale = u->framing_off = false;
 		header_list_free(&u->resp->headers);
-		ip_buf_reset(&u->resp->body);
-		ip_buf_reset(&u->conn_tokens);
+		growbuf_reset(&u->resp->body);
+		growbuf_reset(&u->conn_tokens);
 		u->headers_done = false;
 		rc = perform(u);
 		if (u->stale || u->framing_off) {
@@ -567,22 +567,22 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	u->resp = out;
 	u->max_response = req->max_response;
 
-	ip_buf *url = &u->url;
-	ip_buf_reset(url);
-	ip_buf_puts(url, req->base);
-	ip_buf_puts(url, req->target);
+	growbuf *url = &u->url;
+	growbuf_reset(url);
+	growbuf_puts(url, req->base);
+	growbuf_puts(url, req->target);
 	struct curl_slist *hdrs = build_headers(u, req);
 
 	curl_easy_setopt(h, CURLOPT_URL, url->data);
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
 	set_method(h, req);
 
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	u->end_ms = t0 + (double)req->timeout_ms;
 	if (req->deadline_ms > 0 && req->deadline_ms < u->end_ms)
 		u->end_ms = req->deadline_ms;
 	CURLcode rc = perform_attempt(u, req);
-	out->ms = ip_now_ms() - t0;
+	out->ms = mono_ms() - t0;
 
 	long status = 0;
 	if (rc == CURLE_OK || out->too_large) {
@@ -594,7 +594,7 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	} else if (out->too_large && status >= 200) {
 		/* The status is known, only the body is not held. */
 		out->outcome = UP_RESPONSE;
-		ip_buf_free(&out->body);
+		growbuf_free(&out->body);
 		snprintf(out->error, sizeof out->error,
 			 "response larger than %lld bytes",
 			 (long long)req->max_response);
@@ -621,5 +621,5 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 void upstream_resp_free(upstream_resp *r)
 {
 	header_list_free(&r->headers);
-	ip_buf_free(&r->body);
+	growbuf_free(&r->body);
 }

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <time.h>
 
-void ip_assert_fail(const char *expr, const char *file, int line)
+void always_assert_fail(const char *expr, const char *file, int line)
 {
 	fprintf(stderr, "idemproxy: assertion failed: %s (%s:%d)\n", expr, file,
 		line);
@@ -56,7 +56,7 @@ char *xstrndup(const char *s, size_t n)
 	return p;
 }
 
-void ip_buf_reserve(ip_buf *b, size_t extra)
+void growbuf_reserve(growbuf *b, size_t extra)
 {
 	size_t need = b->len + extra + 1;
 	if (need <= b->cap)
@@ -68,42 +68,42 @@ void ip_buf_reserve(ip_buf *b, size_t extra)
 	b->cap = cap;
 }
 
-void ip_buf_append(ip_buf *b, const void *p, size_t n)
+void growbuf_append(growbuf *b, const void *p, size_t n)
 {
-	ip_buf_reserve(b, n);
+	growbuf_reserve(b, n);
 	if (n)
 		memcpy(b->data + b->len, p, n);
 	b->len += n;
 	b->data[b->len] = '\0';
 }
 
-void ip_buf_puts(ip_buf *b, const char *s)
+void growbuf_puts(growbuf *b, const char *s)
 {
-	ip_buf_append(b, s, strlen(s));
+	growbuf_append(b, s, strlen(s));
 }
 
-void ip_buf_printf(ip_buf *b, const char *fmt, ...)
+void growbuf_printf(growbuf *b, const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
 	int n = vsnprintf(NULL, 0, fmt, ap);
 	va_end(ap);
-	IP_ASSERT(n >= 0);
-	ip_buf_reserve(b, (size_t)n);
+	ALWAYS_ASSERT(n >= 0);
+	growbuf_reserve(b, (size_t)n);
 	va_start(ap, fmt);
 	vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
 	va_end(ap);
 	b->len += (size_t)n;
 }
 
-void ip_buf_reset(ip_buf *b)
+void growbuf_reset(growbuf *b)
 {
 	b->len = 0;
 	if (b->data)
 		b->data[0] = '\0';
 }
 
-void ip_buf_free(ip_buf *b)
+void growbuf_free(growbuf *b)
 {
 	free(b->data);
 	b->data = NULL;
@@ -115,7 +115,7 @@ static int lower(int c)
 	return (c >= 'A' && c <= 'Z') ? c + 32 : c;
 }
 
-bool ip_strcaseeq(const char *a, const char *b)
+bool str_caseeq(const char *a, const char *b)
 {
 	for (; *a && *b; a++, b++)
 		if (lower((unsigned char)*a) != lower((unsigned char)*b))
@@ -123,7 +123,7 @@ bool ip_strcaseeq(const char *a, const char *b)
 	return *a == *b;
 }
 
-bool ip_strncaseeq(const char *a, const char *b, size_t n)
+bool str_ncaseeq(const char *a, const char *b, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (lower((unsigned char)a[i]) != lower((unsigned char)b[i]))
@@ -134,21 +134,21 @@ bool ip_strncaseeq(const char *a, const char *b, size_t n)
 	return true;
 }
 
-double ip_now_ms(void)
+double mono_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
 }
 
-int64_t ip_wall_ms(void)
+int64_t wall_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-void ip_hex(const uint8_t *in, size_t n, char *out)
+void hex_encode(const uint8_t *in, size_t n, char *out)
 {
 	static const char digits[] = "0123456789abcdef";
 	for (size_t i = 0; i < n; i++) {
@@ -158,7 +158,7 @@ void ip_hex(const uint8_t *in, size_t n, char *out)
 	out[2 * n] = '\0';
 }
 
-size_t ip_pct_escape(const char *s, char *out, size_t n)
+size_t pct_escape(const char *s, char *out, size_t n)
 {
 	static const char hex[] = "0123456789ABCDEF";
 	size_t k = 0;

@@ -160,7 +160,7 @@ static void resubmit(waiters *w, waiter *x)
 	reclaim_done(w, j);
 	draining = w->draining;
 	if (!draining) {
-		x->recheck_ms = ip_now_ms() + RESUBMIT_MS;
+		x->recheck_ms = mono_ms() + RESUBMIT_MS;
 		link_waiter(w, x);
 	}
 	pthread_mutex_unlock(&w->mu);
@@ -179,7 +179,7 @@ typedef struct scratch {
 static double collect(waiters *w, scratch *s, size_t *nfds, waiter **due,
 		      waiter **expired)
 {
-	double now = ip_now_ms(), next = now + 1000.0;
+	double now = mono_ms(), next = now + 1000.0;
 	waiter *x = w->head, *nx;
 	for (; x; x = nx) {
 		nx = x->next;
@@ -270,7 +270,7 @@ static void *waiters_main(void *arg)
 			pthread_mutex_lock(&w->mu);
 			continue;
 		}
-		double left = next - ip_now_ms() + 1.0; /* round up */
+		double left = next - mono_ms() + 1.0; /* round up */
 		int timeout = left < 0 ? 0 : left > 1000 ? 1000 : (int)left;
 		int rc = poll(s.pfd, n + 1, timeout);
 		if (rc > 0 && (s.pfd[n].revents & POLLIN)) {
@@ -306,8 +306,8 @@ waiters *waiters_start(int max_waiters, int max_per_tenant, int max_reclaims,
 	w->max_per_tenant = max_per_tenant;
 	w->ops = *ops;
 	w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	IP_ASSERT(w->efd >= 0);
-	IP_ASSERT(pthread_create(&w->th, NULL, waiters_main, w) == 0);
+	ALWAYS_ASSERT(w->efd >= 0);
+	ALWAYS_ASSERT(pthread_create(&w->th, NULL, waiters_main, w) == 0);
 	pthread_setname_np(w->th, "ip-waiters");
 	metrics_set_waiters(0);
 	return w;
@@ -417,7 +417,7 @@ void waiters_leave(waiters *w, job *j, const char *outcome)
 	if (freed)
 		poke(w);
 	metrics_set_waiters(n);
-	double waited = ip_now_ms() - j->wait_since_ms;
+	double waited = mono_ms() - j->wait_since_ms;
 	metrics_observe_wait_ms(waited);
 	metrics_wait_outcome(j->route_name, outcome);
 	log_info("duplicate done waiting", "request_id=%s route=%s outcome=%s "
@@ -539,7 +539,7 @@ void waiters_stop(waiters *w)
 	poke(w);
 	pthread_join(w->th, NULL);
 	/* drain answered them all before the front end stopped */
-	IP_ASSERT(w->head == NULL);
+	ALWAYS_ASSERT(w->head == NULL);
 	close(w->efd);
 	pthread_mutex_destroy(&w->mu);
 	free(w);

@@ -28,10 +28,10 @@ void wake_scope(const wake_key *wk, const char *tenant,
 	}
 	uint8_t md[EVP_MAX_MD_SIZE];
 	unsigned mdlen = 0;
-	IP_ASSERT(wk->len >= WAKE_KEY_MIN && wk->len <= WAKE_KEY_MAX);
-	IP_ASSERT(HMAC(EVP_sha256(), wk->k, (int)wk->len, (uint8_t *)msg, n,
-		       md, &mdlen) != NULL &&
-		  mdlen >= WAKE_SCOPE_LEN);
+	ALWAYS_ASSERT(wk->len >= WAKE_KEY_MIN && wk->len <= WAKE_KEY_MAX);
+	ALWAYS_ASSERT(HMAC(EVP_sha256(), wk->k, (int)wk->len, (uint8_t *)msg, n,
+			   md, &mdlen) != NULL &&
+		      mdlen >= WAKE_SCOPE_LEN);
 	if (msg != stack)
 		free(msg);
 	memcpy(out, md, WAKE_SCOPE_LEN);
@@ -43,7 +43,7 @@ void wake_scope_hex(const wake_key *wk, const char *tenant,
 {
 	uint8_t b[WAKE_SCOPE_LEN];
 	wake_scope(wk, tenant, operation, key, b);
-	ip_hex(b, WAKE_SCOPE_LEN, out);
+	hex_encode(b, WAKE_SCOPE_LEN, out);
 }
 
 static int nibble(char c)

@@ -29,10 +29,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	unsetenv("IDEMPROXY_DATABASE_URL");
 	unsetenv("IDEMPROXY_LISTEN");
 	conf_fd = memfd_create("fuzz.conf", MFD_CLOEXEC);
-	IP_ASSERT(conf_fd >= 0);
+	ALWAYS_ASSERT(conf_fd >= 0);
 	snprintf(conf_path, sizeof conf_path, "/proc/self/fd/%d", conf_fd);
 	sink = fopen("/dev/null", "w");
-	IP_ASSERT(sink != NULL);
+	ALWAYS_ASSERT(sink != NULL);
 	return 0;
 }
 
@@ -45,7 +45,7 @@ static bool has_include(const uint8_t *d, size_t n)
 	const size_t dl = sizeof dir - 1;
 
 	for (size_t i = 0; i + dl <= n; i++)
-		if (d[i] == '@' && ip_strncaseeq((const char *)d + i, dir, dl))
+		if (d[i] == '@' && str_ncaseeq((const char *)d + i, dir, dl))
 			return true;
 	return false;
 }
@@ -59,25 +59,25 @@ static void check_route(const config *c, size_t i)
 {
 	const route_cfg *r = &c->routes[i];
 
-	IP_ASSERT(r->name && r->name[0] != '\0');
-	IP_ASSERT(r->path && r->path[0] == '/' && r->tpl != NULL);
-	IP_ASSERT(starts_with(r->upstream, "http://") ||
-		  starts_with(r->upstream, "https://"));
-	IP_ASSERT(r->lease_ms > r->upstream_timeout_ms);
-	IP_ASSERT(r->ttl_ms > r->lease_ms);
-	IP_ASSERT(r->mismatch_status == 409 || r->mismatch_status == 422);
+	ALWAYS_ASSERT(r->name && r->name[0] != '\0');
+	ALWAYS_ASSERT(r->path && r->path[0] == '/' && r->tpl != NULL);
+	ALWAYS_ASSERT(starts_with(r->upstream, "http://") ||
+		      starts_with(r->upstream, "https://"));
+	ALWAYS_ASSERT(r->lease_ms > r->upstream_timeout_ms);
+	ALWAYS_ASSERT(r->ttl_ms > r->lease_ms);
+	ALWAYS_ASSERT(r->mismatch_status == 409 || r->mismatch_status == 422);
 	for (size_t j = 0; j < i; j++)
-		IP_ASSERT(strcmp(c->routes[j].name, r->name) != 0);
+		ALWAYS_ASSERT(strcmp(c->routes[j].name, r->name) != 0);
 	/* The template's own text is a path it matches ({id} is a segment,
 	 * slash-star a rest), so it routes to this route or an earlier one.
-	 * Requests are routed on their normalised path (idem.c), so the text
+	 * Requests are routed on their normalised path (decide.c), so the text
 	 * is normalised first: "/o/" is written, "/o" is what routes. */
 	size_t pl = strlen(r->path), nl;
 	char *norm = xmalloc(pl + 1);
 	const char *why;
-	IP_ASSERT(pathtpl_normalize(r->path, pl, norm, &nl, &why) == 0);
+	ALWAYS_ASSERT(pathtpl_normalize(r->path, pl, norm, &nl, &why) == 0);
 	const route_cfg *m = route_match(c->routes, c->n_routes, norm, nl);
-	IP_ASSERT(m != NULL && m <= r);
+	ALWAYS_ASSERT(m != NULL && m <= r);
 	free(norm);
 	(void)route_has_method(r, "POST");
 	(void)route_releases_status(r, 503);
@@ -85,13 +85,13 @@ static void check_route(const config *c, size_t i)
 
 static void check_accepted(config *c)
 {
-	IP_ASSERT(c->n_routes >= 1 && c->routes != NULL);
-	IP_ASSERT(c->listen != NULL && c->admin_listen != NULL);
-	IP_ASSERT(c->db_url != NULL);
+	ALWAYS_ASSERT(c->n_routes >= 1 && c->routes != NULL);
+	ALWAYS_ASSERT(c->listen != NULL && c->admin_listen != NULL);
+	ALWAYS_ASSERT(c->db_url != NULL);
 	for (size_t i = 0; i < c->n_routes; i++)
 		check_route(c, i);
 	config_print_routes(c, sink);
-	IP_ASSERT(config_ref(c) == c);
+	ALWAYS_ASSERT(config_ref(c) == c);
 	config_unref(c);
 }
 
@@ -101,14 +101,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (has_include(data, size))
 		return -1; /* keeps the input out of the corpus */
-	IP_ASSERT(ftruncate(conf_fd, 0) == 0);
-	IP_ASSERT(pwrite(conf_fd, data, size, 0) == (ssize_t)size);
+	ALWAYS_ASSERT(ftruncate(conf_fd, 0) == 0);
+	ALWAYS_ASSERT(pwrite(conf_fd, data, size, 0) == (ssize_t)size);
 
 	err[0] = '\0';
 	config *c = config_load(conf_path, err, sizeof err);
 	if (c == NULL) {
-		IP_ASSERT(starts_with(err, conf_path));
-		IP_ASSERT(err[strlen(conf_path)] == ':');
+		ALWAYS_ASSERT(starts_with(err, conf_path));
+		ALWAYS_ASSERT(err[strlen(conf_path)] == ':');
 		return 0;
 	}
 	check_accepted(c);

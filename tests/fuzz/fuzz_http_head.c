@@ -28,28 +28,29 @@ static char *part(const uint8_t **p, const uint8_t *end)
 static void check_method(const char *m)
 {
 	bool ok = http_head_method_ok(m);
-	IP_ASSERT(ok == http_head_method_ok(m));
+	ALWAYS_ASSERT(ok == http_head_method_ok(m));
 	if (!ok)
 		return;
-	IP_ASSERT(*m);
+	ALWAYS_ASSERT(*m);
 	for (const unsigned char *q = (const unsigned char *)m; *q; q++)
-		IP_ASSERT(*q > 0x20 && *q < 0x7f && !(*q >= 'a' && *q <= 'z') &&
-			  !strchr("\"(),/:;<=>?@[\\]{}", *q));
+		ALWAYS_ASSERT(*q > 0x20 && *q < 0x7f &&
+			      !(*q >= 'a' && *q <= 'z') &&
+			      !strchr("\"(),/:;<=>?@[\\]{}", *q));
 }
 
 static void check_target(const char *t)
 {
 	bool ok = http_head_origin_form(t);
-	IP_ASSERT(ok == http_head_origin_form(t));
+	ALWAYS_ASSERT(ok == http_head_origin_form(t));
 	if (!ok)
 		return;
-	IP_ASSERT(t[0] == '/');
+	ALWAYS_ASSERT(t[0] == '/');
 	for (size_t i = 0; t[i]; i++) {
 		unsigned char ch = (unsigned char)t[i];
-		IP_ASSERT(ch > 0x20 && ch < 0x7f &&
-			  !strchr("#\"<>\\^`{|}[]", ch));
+		ALWAYS_ASSERT(ch > 0x20 && ch < 0x7f &&
+			      !strchr("#\"<>\\^`{|}[]", ch));
 		if (ch == '%')
-			IP_ASSERT(t[i + 1] && t[i + 2]);
+			ALWAYS_ASSERT(t[i + 1] && t[i + 2]);
 	}
 }
 
@@ -60,25 +61,26 @@ static void check_line(const char *l)
 	const char *v = colon ? colon + 1 : "";
 	size_t vn = strlen(v);
 	if (http_head_name_ok(l, nn)) {
-		IP_ASSERT(nn > 0);
+		ALWAYS_ASSERT(nn > 0);
 		for (size_t i = 0; i < nn; i++)
-			IP_ASSERT(l[i] > 0x20 && l[i] < 0x7f && l[i] != ':' &&
-				  l[i] != '"');
+			ALWAYS_ASSERT(l[i] > 0x20 && l[i] < 0x7f &&
+				      l[i] != ':' && l[i] != '"');
 	}
 	if (http_head_value_ok(v, vn))
 		for (size_t i = 0; i < vn; i++)
-			IP_ASSERT(v[i] == '\t' || (unsigned char)v[i] >= 0x20);
+			ALWAYS_ASSERT(v[i] == '\t' ||
+				      (unsigned char)v[i] >= 0x20);
 	/* The line as libmicrohttpd leaves it: the colon a NUL. */
 	char *buf = xstrdup(l);
 	if (colon) {
 		buf[nn] = '\0';
 		size_t gap = strspn(buf + nn + 1, " \t");
-		IP_ASSERT(http_head_on_own_line(buf, nn, buf + nn + 1 + gap,
-						gap));
+		ALWAYS_ASSERT(http_head_on_own_line(buf, nn, buf + nn + 1 + gap,
+						    gap));
 		if (gap)
-			IP_ASSERT(!http_head_on_own_line(buf, nn,
-							 buf + nn + 1 + gap,
-							 gap - 1));
+			ALWAYS_ASSERT(!http_head_on_own_line(buf, nn,
+							     buf + nn + 1 + gap,
+							     gap - 1));
 	}
 	(void)http_head_on_own_line(buf, nn, buf + strlen(l), strlen(l));
 	(void)http_head_request_id_ok(v, 64);
@@ -104,12 +106,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		.te_value = l,
 	};
 	const char *why = http_head_problem(&h);
-	IP_ASSERT(why == http_head_problem(&h));
+	ALWAYS_ASSERT(why == http_head_problem(&h));
 	if (!why)
-		IP_ASSERT(http_head_method_ok(m) && http_head_origin_form(t) &&
-			  !h.folded && h.hosts <= 1 && h.te <= 1);
+		ALWAYS_ASSERT(http_head_method_ok(m) &&
+			      http_head_origin_form(t) && !h.folded && h.hosts <= 1 && h.te <= 1);
 	else
-		IP_ASSERT(*why);
+		ALWAYS_ASSERT(*why);
 	free(l);
 	free(t);
 	free(m);

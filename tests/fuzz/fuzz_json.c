@@ -45,23 +45,23 @@ static void fingerprint(const char *ct, const char *body, size_t len,
 /* Returns the canonical form (owned by the caller) or NULL. */
 static char *canon(const char *in, size_t len, size_t *out_len)
 {
-	ip_buf b = { 0 };
+	growbuf b = { 0 };
 
-	ip_buf_puts(&b, PREFIX);
+	growbuf_puts(&b, PREFIX);
 	int rc = fp_canon_json(in, len, &b);
-	IP_ASSERT(rc == 0 || rc == -1);
-	IP_ASSERT(b.len >= sizeof PREFIX - 1);
-	IP_ASSERT(memcmp(b.data, PREFIX, sizeof PREFIX - 1) == 0);
+	ALWAYS_ASSERT(rc == 0 || rc == -1);
+	ALWAYS_ASSERT(b.len >= sizeof PREFIX - 1);
+	ALWAYS_ASSERT(memcmp(b.data, PREFIX, sizeof PREFIX - 1) == 0);
 	if (rc < 0) {
-		IP_ASSERT(b.len == sizeof PREFIX - 1);
-		IP_ASSERT(b.data[b.len] == '\0');
-		ip_buf_free(&b);
+		ALWAYS_ASSERT(b.len == sizeof PREFIX - 1);
+		ALWAYS_ASSERT(b.data[b.len] == '\0');
+		growbuf_free(&b);
 		return NULL;
 	}
 	*out_len = b.len - (sizeof PREFIX - 1);
 	char *c = xmalloc(*out_len ? *out_len : 1);
 	memcpy(c, b.data + sizeof PREFIX - 1, *out_len);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	return c;
 }
 
@@ -70,8 +70,8 @@ static void check_canon_idempotent(const char *c, size_t n)
 	size_t n2 = 0;
 	char *c2 = canon(c, n, &n2);
 
-	IP_ASSERT(c2 != NULL);
-	IP_ASSERT(n2 == n && memcmp(c2, c, n) == 0);
+	ALWAYS_ASSERT(c2 != NULL);
+	ALWAYS_ASSERT(n2 == n && memcmp(c2, c, n) == 0);
 	free(c2);
 }
 
@@ -84,7 +84,7 @@ static void check_fingerprints(const char *body, size_t len, const char *hdr,
 		const char *ct = content_types[i];
 		fingerprint(ct, body, len, hdr, a);
 		fingerprint(ct, body, len, hdr, b);
-		IP_ASSERT(memcmp(a, b, FP_LEN) == 0);
+		ALWAYS_ASSERT(memcmp(a, b, FP_LEN) == 0);
 		if (c == NULL)
 			continue;
 		char mt[64];
@@ -92,9 +92,9 @@ static void check_fingerprints(const char *body, size_t len, const char *hdr,
 		bool json = fp_is_json_media_type(mt);
 		fingerprint(ct, c, cn, hdr, b);
 		if (json)
-			IP_ASSERT(memcmp(a, b, FP_LEN) == 0);
+			ALWAYS_ASSERT(memcmp(a, b, FP_LEN) == 0);
 		else if (cn != len || memcmp(c, body, len) != 0)
-			IP_ASSERT(memcmp(a, b, FP_LEN) != 0);
+			ALWAYS_ASSERT(memcmp(a, b, FP_LEN) != 0);
 	}
 }
 
@@ -105,9 +105,9 @@ static void check_media_type(const char *s)
 	memset(mt, 'Z', sizeof mt);
 	fp_media_type(s, mt, sizeof mt);
 	size_t n = strnlen(mt, sizeof mt);
-	IP_ASSERT(n < sizeof mt);
+	ALWAYS_ASSERT(n < sizeof mt);
 	for (size_t i = 0; i < n; i++)
-		IP_ASSERT(!(mt[i] >= 'A' && mt[i] <= 'Z'));
+		ALWAYS_ASSERT(!(mt[i] >= 'A' && mt[i] <= 'Z'));
 	(void)fp_is_json_media_type(mt);
 	(void)fp_is_json_media_type(s);
 }

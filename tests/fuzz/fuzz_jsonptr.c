@@ -19,7 +19,7 @@ static void check_against_jansson(const jsonptr *p, const char *doc,
 {
 	json_error_t e;
 	/* jansson skips a NUL after a number; the proxy refuses any body
-	 * with a NUL before either reads it (keyparts.c), so only NUL-free
+	 * with a NUL before either reads it (key_from.c), so only NUL-free
 	 * documents are compared. */
 	if (memchr(doc, '\0', n))
 		return;
@@ -29,19 +29,19 @@ static void check_against_jansson(const jsonptr *p, const char *doc,
 	if (!j)
 		return;
 	json_t *x = jsonptr_get(p, j);
-	IP_ASSERT((f == JSONPTR_FOUND) == (x != NULL));
+	ALWAYS_ASSERT((f == JSONPTR_FOUND) == (x != NULL));
 	if (x && json_is_string(x)) {
-		ip_buf s = {0};
-		IP_ASSERT(jsonptr_string_value(v, vlen, &s) == 0);
-		IP_ASSERT(s.len == json_string_length(x));
-		IP_ASSERT(s.len == 0 ||
-			  memcmp(s.data, json_string_value(x), s.len) == 0);
-		ip_buf_free(&s);
+		growbuf s = {0};
+		ALWAYS_ASSERT(jsonptr_string_value(v, vlen, &s) == 0);
+		ALWAYS_ASSERT(s.len == json_string_length(x));
+		ALWAYS_ASSERT(s.len == 0 ||
+			      memcmp(s.data, json_string_value(x), s.len) == 0);
+		growbuf_free(&s);
 	}
 	jsonptr *const ps[] = {(jsonptr *)p, (jsonptr *)p};
 	jsonptr_remove_all(ps, 2, j);
 	char *out = json_dumps(j, JSON_ENCODE_ANY);
-	IP_ASSERT(out != NULL);
+	ALWAYS_ASSERT(out != NULL);
 	free(out);
 	json_decref(j);
 }
@@ -54,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char why[128] = "";
 	jsonptr *p = jsonptr_parse((const char *)data, plen, why, sizeof why);
 	if (!p) {
-		IP_ASSERT(why[0] != '\0');
+		ALWAYS_ASSERT(why[0] != '\0');
 		return 0;
 	}
 	/* An exact-size copy, so ASan sees any read past the end. */
@@ -65,10 +65,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t vlen = 0;
 	enum jsonptr_found f = jsonptr_locate(p, doc, dlen, &v, &vlen);
 	if (f == JSONPTR_FOUND) {
-		IP_ASSERT(v >= doc && vlen > 0 && v + vlen <= doc + dlen);
-		ip_buf s = {0};
+		ALWAYS_ASSERT(v >= doc && vlen > 0 && v + vlen <= doc + dlen);
+		growbuf s = {0};
 		(void)jsonptr_string_value(v, vlen, &s);
-		ip_buf_free(&s);
+		growbuf_free(&s);
 	}
 	check_against_jansson(p, doc, dlen, f, v, vlen);
 	free(doc);

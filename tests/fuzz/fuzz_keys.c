@@ -16,22 +16,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		seal_keyring_parse((const char *)data, size, "keys", err,
 				   sizeof err);
 	if (!k) {
-		IP_ASSERT(strncmp(err, "keys", 4) == 0);
+		ALWAYS_ASSERT(strncmp(err, "keys", 4) == 0);
 		return 0;
 	}
 	size_t n = seal_keyring_count(k);
-	IP_ASSERT(n >= 1 && n <= SEAL_MAX_KEYS);
-	IP_ASSERT(seal_keyring_has(k, seal_keyring_active(k)));
+	ALWAYS_ASSERT(n >= 1 && n <= SEAL_MAX_KEYS);
+	ALWAYS_ASSERT(seal_keyring_has(k, seal_keyring_active(k)));
 	static const uint8_t hash[SEAL_HASH_LEN] = {7};
 	seal_scope s = {"t", "op", "key", hash, 201, true};
-	ip_buf sealed = {0}, plain = {0};
+	growbuf sealed = {0}, plain = {0};
 	size_t m = size < 64 ? size : 64;
 	seal_seal(k, &s, SEAL_BODY, (const char *)data, m, &sealed);
-	IP_ASSERT(seal_open(k, &s, SEAL_BODY, sealed.data, sealed.len, &plain,
-			    err, sizeof err) == 0);
-	IP_ASSERT(plain.len == m && memcmp(plain.data, data, m) == 0);
-	ip_buf_free(&sealed);
-	ip_buf_free(&plain);
+	ALWAYS_ASSERT(seal_open(k, &s, SEAL_BODY, sealed.data, sealed.len,
+				&plain, err, sizeof err) == 0);
+	ALWAYS_ASSERT(plain.len == m && memcmp(plain.data, data, m) == 0);
+	growbuf_free(&sealed);
+	growbuf_free(&plain);
 	seal_keyring_free(k);
 	return 0;
 }

@@ -27,7 +27,7 @@ static char *describe(const char *tpl, bool *rest)
 	for (size_t i = 0; i < n; i++) {
 		if (tpl[i] == '{') {
 			const char *close = memchr(tpl + i, '}', n - i);
-			IP_ASSERT(close != NULL);
+			ALWAYS_ASSERT(close != NULL);
 			out[o++] = 'x';
 			i = (size_t)(close - tpl);
 			continue;
@@ -59,12 +59,12 @@ static void check_compiled(const pathtpl *t, const char *tpl)
 	size_t n = strlen(path);
 	char *longer = xmalloc(n + 16);
 
-	IP_ASSERT(match_str(t, path));
+	ALWAYS_ASSERT(match_str(t, path));
 	/* "/a/" + "/x/y" would hold an empty segment; append after the
 	 * existing slash instead. */
 	memcpy(longer, path, n);
 	strcpy(longer + n, path[n - 1] == '/' ? "x/y" : "/x/y");
-	IP_ASSERT(match_str(t, longer) == rest);
+	ALWAYS_ASSERT(match_str(t, longer) == rest);
 	free(longer);
 	free(path);
 }
@@ -86,16 +86,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memset(err, 0, sizeof err);
 	pathtpl *t = pathtpl_compile(tpl, err, sizeof err);
 	if (t == NULL) {
-		IP_ASSERT(err[0] != '\0');
+		ALWAYS_ASSERT(err[0] != '\0');
 	} else {
 		char *norm = xmalloc(plen ? plen : 1);
 		size_t nlen;
 		const char *why;
 		if (pathtpl_normalize(path, plen, norm, &nlen, &why) == 0)
-			IP_ASSERT(nlen <= plen);
+			ALWAYS_ASSERT(nlen <= plen);
 		free(norm);
 		bool m = pathtpl_match(t, path, plen);
-		IP_ASSERT(pathtpl_match(t, path, plen) == m);
+		ALWAYS_ASSERT(pathtpl_match(t, path, plen) == m);
 		(void)pathtpl_match(t, tpl, tlen);
 		(void)pathtpl_match(t, "", 0);
 		check_compiled(t, tpl);

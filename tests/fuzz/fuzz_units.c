@@ -64,13 +64,13 @@ static void check(parse_fn parse, const struct unit *units, const char *s,
 	char buf[40];
 
 	int rc = parse(s, &got);
-	IP_ASSERT(rc == 0 || rc == -1);
-	IP_ASSERT(rc == reference(s, units, &want));
+	ALWAYS_ASSERT(rc == 0 || rc == -1);
+	ALWAYS_ASSERT(rc == reference(s, units, &want));
 	if (rc < 0)
 		return;
-	IP_ASSERT(got == want && got >= 0);
+	ALWAYS_ASSERT(got == want && got >= 0);
 	snprintf(buf, sizeof buf, "%" PRId64 "%s", got, smallest);
-	IP_ASSERT(parse(buf, &again) == 0 && again == got);
+	ALWAYS_ASSERT(parse(buf, &again) == 0 && again == got);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -79,9 +79,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	memcpy(s, data, size);
 	s[size] = '\0';
-	check(ip_parse_duration_ms, durations, s, "ms");
-	check(ip_parse_size, sizes, s, "B");
-	IP_ASSERT(ip_parse_duration_ms(NULL, &(int64_t){ 0 }) == -1);
+	check(parse_duration_ms, durations, s, "ms");
+	check(parse_size, sizes, s, "B");
+	ALWAYS_ASSERT(parse_duration_ms(NULL, &(int64_t){ 0 }) == -1);
 	free(s);
 	return 0;
 }

@@ -3,10 +3,10 @@
 #
 #   tests/fuzz/run.sh BUILD_DIR SECONDS TARGET...
 #
-# For each TARGET (idkey, json, ...): first replays the saved reproducers in
-# tests/fuzz/crashes/TARGET/ (each must now run clean), then fuzzes for
-# SECONDS starting from a copy of tests/fuzz/corpus/TARGET/, so the run never
-# writes into the source tree. Any crash, leak, sanitizer report, timeout or
+# For each TARGET (key_header, json, ...): first replays the saved
+# reproducers in tests/fuzz/crashes/TARGET/ (each must now run clean), then
+# fuzzes for SECONDS starting from a copy of tests/fuzz/corpus/TARGET/, so
+# the run never writes into the source tree. Any crash, leak, sanitizer report, timeout or
 # out-of-memory fails the target; its reproducer is kept under
 # BUILD_DIR/artifacts/TARGET/ and shown as a hex dump. Exits non-zero if any
 # target failed.

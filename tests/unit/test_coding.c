@@ -45,13 +45,13 @@ static void upstream_accept(const char *in, const char *want)
 	header_list h = {0};
 	if (in)
 		header_list_add(&h, "Accept-Encoding", 15, in, strlen(in));
-	ip_buf out = {0};
+	growbuf out = {0};
 	bool sent = coding_upstream_accept(&h, &out);
 	if (!want)
 		assert_false(sent);
 	else
 		assert_string_equal(out.data, want);
-	ip_buf_free(&out);
+	growbuf_free(&out);
 	header_list_free(&h);
 }
 
@@ -88,7 +88,7 @@ static const char text[] = "{\"id\": \"pay_1\", \"amount\": 100, "
 static void test_decode(void **state)
 {
 	char z[512], two[1024], err[160];
-	ip_buf out = {0};
+	growbuf out = {0};
 	/* gzip, two members back to back */
 	size_t n = squeeze(16 + MAX_WBITS, text, strlen(text), z, sizeof z);
 	memcpy(two, z, n);
@@ -121,7 +121,7 @@ static void test_decode(void **state)
 				       sizeof err),
 			 -1);
 	assert_non_null(strstr(err, "br"));
-	ip_buf_free(&out);
+	growbuf_free(&out);
 }
 
 static void test_mark_decoded(void **state)

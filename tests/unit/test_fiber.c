@@ -37,7 +37,7 @@ static void echo_main(void *arg)
 	echo *e = arg;
 	e->on_fiber = fiber_current() != NULL;
 	for (int r = 0; r < e->rounds; r++) {
-		int got = fiber_wait_fd(e->fd, FIBER_IN, ip_now_ms() + 10000);
+		int got = fiber_wait_fd(e->fd, FIBER_IN, mono_ms() + 10000);
 		if (!(got & FIBER_IN)) {
 			e->timeouts++;
 			continue;
@@ -93,9 +93,9 @@ typedef struct timed {
 static void timed_main(void *arg)
 {
 	timed *t = arg;
-	double t0 = ip_now_ms();
+	double t0 = mono_ms();
 	t->got = fiber_wait_fd(t->fd, FIBER_IN, t0 + t->asked_ms);
-	t->waited_ms = ip_now_ms() - t0;
+	t->waited_ms = mono_ms() - t0;
 }
 
 /* A wait with nothing to read ends at its deadline, with 0; the others'
@@ -235,9 +235,9 @@ static int deepest_json(void)
 	for (int d = 1024; d <= 8192; d++) {
 		size_t len;
 		char *b = nested(d, &len);
-		ip_buf out = {0};
+		growbuf out = {0};
 		int rc = fp_canon_json(b, len, &out);
-		ip_buf_free(&out);
+		growbuf_free(&out);
 		free(b);
 		if (rc != 0)
 			break;
@@ -267,9 +267,9 @@ __attribute__((noinline)) static void deepest_request(int depth)
 		       .body_len = len};
 	uint8_t fp[FP_LEN];
 	fp_compute(&in, fp);
-	ip_buf canon = {0};
+	growbuf canon = {0};
 	assert_int_equal(fp_canon_json(body, len, &canon), 0);
-	ip_buf_free(&canon);
+	growbuf_free(&canon);
 
 	uLongf zlen = compressBound(len) + 32;
 	Bytef *z = malloc(zlen);
@@ -281,13 +281,13 @@ __attribute__((noinline)) static void deepest_request(int depth)
 	zs.next_out = z;
 	zs.avail_out = (uInt)zlen;
 	assert_int_equal(deflate(&zs, Z_FINISH), Z_STREAM_END);
-	ip_buf dec = {0};
+	growbuf dec = {0};
 	char err[160];
 	assert_int_equal(coding_decode("gzip", (char *)z, zs.total_out,
 				       1 << 20, &dec, err, sizeof err), 0);
 	assert_int_equal(dec.len, len);
 	deflateEnd(&zs);
-	ip_buf_free(&dec);
+	growbuf_free(&dec);
 	free(z);
 
 	char path[8192], norm[8192];

@@ -15,9 +15,9 @@
 
 static char *canon(const char *in)
 {
-	ip_buf b = { 0 };
+	growbuf b = { 0 };
 	if (fp_canon_json(in, strlen(in), &b) != 0) {
-		ip_buf_free(&b);
+		growbuf_free(&b);
 		return NULL;
 	}
 	return b.data ? b.data : xstrdup("");
@@ -34,13 +34,13 @@ static void canon_is(const char *in, const char *expect)
 
 static void canon_fails(const char *in)
 {
-	ip_buf b = { 0 };
-	ip_buf_puts(&b, "keep");
+	growbuf b = { 0 };
+	growbuf_puts(&b, "keep");
 	assert_int_equal(fp_canon_json(in, strlen(in), &b), -1);
 	/* out untouched on failure */
 	assert_int_equal(b.len, 4);
 	assert_string_equal(b.data, "keep");
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 static void test_canon_sorts_and_compacts(void **state)
@@ -94,7 +94,7 @@ static void test_canon_rejects(void **state)
 	canon_fails("NaN");
 	canon_fails("1e999");
 	canon_fails("99999999999999999999");	/* beyond int64 */
-	assert_int_equal(fp_canon_json("[1]\0", 4, &(ip_buf){ 0 }), -1);
+	assert_int_equal(fp_canon_json("[1]\0", 4, &(growbuf){ 0 }), -1);
 }
 
 /* Numbers that a double cannot hold exactly are not canonicalised, so two
@@ -172,12 +172,12 @@ static void test_canon_deep_nesting(void **state)
 	canon_fails(deep);
 
 	/* Deep objects too: {"a":{"a":... */
-	ip_buf obj = { 0 };
+	growbuf obj = { 0 };
 	for (size_t i = 0; i < depth; i++)
-		ip_buf_puts(&obj, "{\"a\":");
-	ip_buf_puts(&obj, "1");
+		growbuf_puts(&obj, "{\"a\":");
+	growbuf_puts(&obj, "1");
 	for (size_t i = 0; i < depth; i++)
-		ip_buf_puts(&obj, "}");
+		growbuf_puts(&obj, "}");
 	canon_fails(obj.data);
 
 	/* Unclosed deep nesting fails the same way. */
@@ -192,22 +192,22 @@ static void test_canon_deep_nesting(void **state)
 	assert_non_null(c);
 	assert_string_equal(c, deep);
 	free(c);
-	ip_buf_free(&obj);
+	growbuf_free(&obj);
 	free(deep);
 }
 
 static void test_canon_appends(void **state)
 {
-	ip_buf b = { 0 };
+	growbuf b = { 0 };
 
 	(void)state;
-	ip_buf_puts(&b, "pre:");
+	growbuf_puts(&b, "pre:");
 	assert_int_equal(fp_canon_json("{\"b\":1,\"a\":2}", 13, &b), 0);
 	assert_string_equal(b.data, "pre:{\"a\":2,\"b\":1}");
 	/* len is honoured: the tail beyond it is not part of the text */
 	assert_int_equal(fp_canon_json("[1]garbage", 3, &b), 0);
 	assert_string_equal(b.data, "pre:{\"a\":2,\"b\":1}[1]");
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 /* ---- media types ---- */
@@ -343,12 +343,12 @@ static void test_fp_ignore(void **state)
 
 static void raw_is_same(const fp_input *a, const fp_input *b, bool same)
 {
-	ip_buf x = {0}, y = {0};
+	growbuf x = {0}, y = {0};
 	assert_true(fp_raw_form(a, 1 << 20, &x));
 	assert_true(fp_raw_form(b, 1 << 20, &y));
 	assert_int_equal(same, x.len == y.len && !memcmp(x.data, y.data, x.len));
-	ip_buf_free(&x);
-	ip_buf_free(&y);
+	growbuf_free(&x);
+	growbuf_free(&y);
 }
 
 /* The raw form: equal for a request sent again byte for byte (and then
@@ -397,11 +397,11 @@ static void test_fp_raw_form(void **state)
 	c.n_only = 1;
 	raw_is_same(&b, &c, false);
 
-	ip_buf x = {0};
+	growbuf x = {0};
 	assert_false(fp_raw_form(&a, a.body_len, &x));
 	assert_true(fp_raw_form(&a, 4096, &x));
 	assert_false(fp_raw_form(&a, x.len - 1, &x));
-	ip_buf_free(&x);
+	growbuf_free(&x);
 	jsonptr_free(ign[0]);
 	jsonptr_free(ign2[0]);
 }
@@ -628,7 +628,7 @@ static void assert_hex(const fp_input *in, const char *expect)
 	char hex[2 * FP_LEN + 1];
 
 	fp(in, x);
-	ip_hex(x, FP_LEN, hex);
+	hex_encode(x, FP_LEN, hex);
 	assert_string_equal(hex, expect);
 }
 

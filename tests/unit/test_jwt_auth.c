@@ -83,8 +83,8 @@ static int teardown(void **state)
 static char *compact(const char *hdr_b64, const char *pay_b64,
 		     const char *sig_b64)
 {
-	ip_buf b = {0};
-	ip_buf_printf(&b, "%s.%s.%s", hdr_b64, pay_b64, sig_b64);
+	growbuf b = {0};
+	growbuf_printf(&b, "%s.%s.%s", hdr_b64, pay_b64, sig_b64);
 	return b.data;
 }
 
@@ -125,8 +125,8 @@ static char *sign_jose(json_t *hdr, json_t *claims, const json_t *jwk)
 static char *sign_ed25519(json_t *hdr, json_t *claims)
 {
 	char *h = b64_json(hdr), *p = b64_json(claims);
-	ip_buf in = {0};
-	ip_buf_printf(&in, "%s.%s", h, p);
+	growbuf in = {0};
+	growbuf_printf(&in, "%s.%s", h, p);
 	unsigned char sig[64];
 	size_t sl = sizeof sig;
 	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
@@ -140,7 +140,7 @@ static char *sign_ed25519(json_t *hdr, json_t *claims)
 	free(h);
 	free(p);
 	free(s);
-	ip_buf_free(&in);
+	growbuf_free(&in);
 	json_decref(hdr);
 	json_decref(claims);
 	return t;
@@ -151,8 +151,8 @@ static char *sign_hmac(json_t *hdr, json_t *claims, const void *secret,
 		       size_t n)
 {
 	char *h = b64_json(hdr), *p = b64_json(claims);
-	ip_buf in = {0};
-	ip_buf_printf(&in, "%s.%s", h, p);
+	growbuf in = {0};
+	growbuf_printf(&in, "%s.%s", h, p);
 	unsigned char mac[32];
 	unsigned int ml = sizeof mac;
 	HMAC(EVP_sha256(), secret, (int)n, (unsigned char *)in.data, in.len,
@@ -162,7 +162,7 @@ static char *sign_hmac(json_t *hdr, json_t *claims, const void *secret,
 	free(h);
 	free(p);
 	free(s);
-	ip_buf_free(&in);
+	growbuf_free(&in);
 	json_decref(hdr);
 	json_decref(claims);
 	return t;
@@ -291,9 +291,9 @@ static void test_bad_signature_and_shapes(void **state)
 	char *other = sign_jose(hdr("RS256"), claims(6000), rsa_priv);
 	char *dot1 = strchr(t, '.'), *dot2 = strchr(dot1 + 1, '.');
 	char *odot1 = strchr(other, '.'), *odot2 = strchr(odot1 + 1, '.');
-	ip_buf b = {0};
-	ip_buf_printf(&b, "%.*s%.*s%s", (int)(dot1 - t), t,
-		      (int)(odot2 - odot1), odot1, dot2);
+	growbuf b = {0};
+	growbuf_printf(&b, "%.*s%.*s%s", (int)(dot1 - t), t,
+		       (int)(odot2 - odot1), odot1, dot2);
 	free(t);
 	free(other);
 	refused(p, b.data, "signature does not verify");

@@ -13,10 +13,10 @@
 
 static void quoted_is(const char *v, const char *want)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	log_quote(&b, v);
 	assert_string_equal(b.data, want);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 static void test_quote(void **state)
@@ -37,27 +37,27 @@ static void test_quote(void **state)
 
 static void test_field(void **state)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 
 	(void)state;
 	log_field(&b, "a", "1");
 	log_field(&b, "b", NULL);
 	log_field(&b, "c", "x y");
 	assert_string_equal(b.data, "a=1 b=- c=\"x y\"");
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 /* The reference: the request line as jansson made it before it was
  * written by hand (src/log.c: set_str, ms3, json_dumps with the same
  * flags). */
-static void ref_escaped(ip_buf *b, const char *s)
+static void ref_escaped(growbuf *b, const char *s)
 {
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
 		if (c >= 0x20 && c < 0x7f)
-			ip_buf_append(b, s, 1);
+			growbuf_append(b, s, 1);
 		else
-			ip_buf_printf(b, "\\x%02x", c);
+			growbuf_printf(b, "\\x%02x", c);
 	}
 }
 
@@ -69,10 +69,10 @@ static void ref_str(json_t *o, const char *k, const char *v)
 	}
 	json_t *j = json_stringn(v, strlen(v));
 	if (!j) {
-		ip_buf e = {0};
+		growbuf e = {0};
 		ref_escaped(&e, v);
 		j = json_stringn(e.data ? e.data : "", e.len);
-		ip_buf_free(&e);
+		growbuf_free(&e);
 	}
 	json_object_set_new(o, k, j);
 }
@@ -113,7 +113,7 @@ static void same_as_reference(const log_request *r)
 	const char *ts = "2026-12-01T12:00:00.123Z";
 	char *want = reference_line(r, ts);
 	assert_non_null(want);
-	ip_buf got = {0};
+	growbuf got = {0};
 	log_request_json(&got, r, ts);
 	if (strcmp(got.data, want)) {
 		fprintf(stderr, "want %s\ngot  %s\n", want, got.data);
@@ -124,7 +124,7 @@ static void same_as_reference(const log_request *r)
 	json_t *back = json_loads(got.data, 0, &err);
 	assert_non_null(back);
 	json_decref(back);
-	ip_buf_free(&got);
+	growbuf_free(&got);
 	free(want);
 }
 

@@ -12,10 +12,10 @@ static double read_int(void *arg) { return *(int *)arg; }
 
 static bool rendered(const char *line)
 {
-	ip_buf b = {0};
+	growbuf b = {0};
 	metrics_render(&b);
 	bool found = strstr(b.data, line) != NULL;
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	return found;
 }
 

@@ -14,7 +14,7 @@
 static json_t *render(int status, const char *code, const char *detail,
 		      const char *request_id)
 {
-	ip_buf b = { 0 };
+	growbuf b = { 0 };
 	json_error_t err;
 
 	problem_render(&b, status, code, detail, request_id);
@@ -26,7 +26,7 @@ static json_t *render(int status, const char *code, const char *detail,
 	if (j == NULL)
 		fail_msg("not JSON (%s): %s", err.text, b.data);
 	assert_true(json_is_object(j));
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	return j;
 }
 
@@ -110,14 +110,14 @@ static void test_invalid_utf8_is_replaced(void **state)
 
 static void test_appends(void **state)
 {
-	ip_buf b = { 0 };
+	growbuf b = { 0 };
 
 	(void)state;
-	ip_buf_puts(&b, "PREFIX");
+	growbuf_puts(&b, "PREFIX");
 	problem_render(&b, 404, "route_not_found", "no route", NULL);
 	assert_memory_equal(b.data, "PREFIX{", 7);
 	assert_int_equal(b.data[b.len - 1], '}');
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 static void test_titles(void **state)

@@ -55,17 +55,17 @@ static void forget(replay_cache *c, const char *key)
 }
 
 static bool get(replay_cache *c, const char *key, const uint8_t *hash,
-		double now, ip_buf *body)
+		double now, growbuf *body)
 {
 	replay_key k = {"t", "op", key};
 	int status = 0;
-	ip_buf h = {0};
+	growbuf h = {0};
 	bool hit = replay_cache_get(c, &k, hash, now, &status, &h, body);
 	if (hit) {
 		assert_int_equal(status, 201);
 		assert_string_equal(h.data, "Content-Type: a/b\r\n");
 	}
-	ip_buf_free(&h);
+	growbuf_free(&h);
 	return hit;
 }
 
@@ -73,21 +73,21 @@ static void test_hit_needs_same_key_and_fingerprint(void **state)
 {
 	replay_cache *c = replay_cache_new(1 << 20);
 	put(c, "k1", H1, "body-1", 1000);
-	ip_buf b = {0};
+	growbuf b = {0};
 	assert_true(get(c, "k1", H1, 10, &b));
 	assert_string_equal(b.data, "body-1");
-	ip_buf_reset(&b);
+	growbuf_reset(&b);
 	assert_false(get(c, "k1", H2, 10, &b)); /* another payload */
 	assert_false(get(c, "k2", H1, 10, &b)); /* another key */
 	/* tenant and operation are part of the identity */
 	replay_key other = {"t2", "op", "k1"};
 	int st;
-	ip_buf h = {0};
+	growbuf h = {0};
 	assert_false(replay_cache_get(c, &other, H1, 10, &st, &h, &b));
 	replay_key ambiguous = {"t", "opk", "1"};
 	assert_false(replay_cache_get(c, &ambiguous, H1, 10, &st, &h, &b));
-	ip_buf_free(&b);
-	ip_buf_free(&h);
+	growbuf_free(&b);
+	growbuf_free(&h);
 	replay_cache_free(c);
 }
 
@@ -96,13 +96,13 @@ static bool get_raw(replay_cache *c, const char *key, const char *raw,
 {
 	replay_key k = {"t", "op", key};
 	int status = 0;
-	ip_buf h = {0}, b = {0};
+	growbuf h = {0}, b = {0};
 	bool hit = replay_cache_get_raw(c, &k, raw, strlen(raw), now, &status,
 					&h, &b);
 	if (hit)
 		assert_int_equal(status, 201);
-	ip_buf_free(&h);
-	ip_buf_free(&b);
+	growbuf_free(&h);
+	growbuf_free(&b);
 	return hit;
 }
 
@@ -130,12 +130,12 @@ static void test_raw_fingerprint_finds_the_same_entry(void **state)
 	assert_true(replay_cache_has(c, &k3, 0));
 	assert_false(get_raw(c, "k3", RAW, 0));
 	int status = 0;
-	ip_buf h = {0}, b = {0};
+	growbuf h = {0}, b = {0};
 	assert_true(replay_cache_get(c, &k3, H1, 0, &status, &h, &b));
 	assert_int_equal(status, 201);
 	assert_int_equal(b.len, 1);
-	ip_buf_free(&h);
-	ip_buf_free(&b);
+	growbuf_free(&h);
+	growbuf_free(&b);
 	replay_cache_free(c);
 }
 
@@ -143,30 +143,30 @@ static void test_expired_entries_miss_and_go(void **state)
 {
 	replay_cache *c = replay_cache_new(1 << 20);
 	put(c, "k1", H1, "x", 100);
-	ip_buf b = {0};
+	growbuf b = {0};
 	assert_true(get(c, "k1", H1, 99.9, &b));
 	assert_false(get(c, "k1", H1, 100, &b));
 	size_t n, bytes;
 	replay_cache_stats(c, &n, &bytes);
 	assert_int_equal(n, 0);
 	assert_int_equal(bytes, 0);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	replay_cache_free(c);
 }
 
 static void test_expired_entries_go_when_new_ones_come(void **state)
 {
 	replay_cache *c = replay_cache_new(1 << 20);
-	double now = ip_now_ms();
+	double now = mono_ms();
 	put(c, "old1", H1, "x", now - 1);
 	put(c, "old2", H1, "x", now - 1);
 	put(c, "live", H1, "x", now + 60000);
 	size_t n, bytes;
 	replay_cache_stats(c, &n, &bytes);
 	assert_int_equal(n, 1); /* the two expired ones were dropped */
-	ip_buf b = {0};
+	growbuf b = {0};
 	assert_true(get(c, "live", H1, now, &b));
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	replay_cache_free(c);
 }
 
@@ -178,13 +178,13 @@ static void test_forget_and_replace(void **state)
 	size_t n, bytes;
 	replay_cache_stats(c, &n, &bytes);
 	assert_int_equal(n, 1);
-	ip_buf b = {0};
+	growbuf b = {0};
 	assert_true(get(c, "k1", H1, 1, &b));
 	assert_string_equal(b.data, "new");
 	replay_key k = {"t", "op", "k1"};
 	replay_cache_forget(c, &k);
 	assert_false(get(c, "k1", H1, 1, &b));
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	replay_cache_free(c);
 }
 
@@ -201,7 +201,7 @@ static void test_bounded_in_bytes_oldest_first(void **state)
 		replay_cache_stats(c, &n, &bytes);
 		assert_true(bytes <= 4096);
 	}
-	ip_buf b = {0};
+	growbuf b = {0};
 	assert_false(get(c, "k0", H1, 1, &b));  /* evicted */
 	assert_true(get(c, "k49", H1, 1, &b));  /* newest kept */
 	/* an entry larger than the whole cache is not stored */
@@ -211,7 +211,7 @@ static void test_bounded_in_bytes_oldest_first(void **state)
 	put(c, "huge", H1, huge, 1000);
 	assert_false(get(c, "huge", H1, 1, &b));
 	free(huge);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	replay_cache_free(c);
 }
 
@@ -222,7 +222,7 @@ static void test_bounded_in_bytes_oldest_first(void **state)
 static void test_forget_between_store_read_and_put_wins(void **state)
 {
 	replay_cache *c = replay_cache_new(1 << 20);
-	ip_buf b = {0};
+	growbuf b = {0};
 	assert_false(get(c, "k1", H1, 1, &b));   /* worker: cache miss */
 	uint64_t g = gen_of(c, "k1");            /* worker: before the store */
 	forget(c, "k1");                         /* admin: DELETE */
@@ -243,7 +243,7 @@ static void test_forget_between_store_read_and_put_wins(void **state)
 	put(c, "k1", H1, "fresh", 1000);
 	assert_true(get(c, "k1", H1, 1, &b));
 	assert_string_equal(b.data, "fresh");
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	replay_cache_free(c);
 }
 
@@ -252,7 +252,7 @@ static void test_forget_between_store_read_and_put_wins(void **state)
 static void test_resize_evicts_down_to_the_new_bound(void **state)
 {
 	replay_cache *c = replay_cache_new(1 << 20);
-	double later = ip_now_ms() + 60000; /* resizing also drops the expired */
+	double later = mono_ms() + 60000; /* resizing also drops the expired */
 	char key[32], body[600];
 	memset(body, 'b', sizeof body - 1);
 	body[sizeof body - 1] = '\0';
@@ -266,7 +266,7 @@ static void test_resize_evicts_down_to_the_new_bound(void **state)
 	replay_cache_resize(c, 2048);
 	replay_cache_stats(c, &n, &bytes);
 	assert_true(bytes <= 2048 && n > 0 && n < 20);
-	ip_buf b = {0};
+	growbuf b = {0};
 	assert_false(get(c, "k0", H1, 1, &b));
 	assert_true(get(c, "k19", H1, 1, &b));
 	replay_cache_resize(c, 0);
@@ -278,7 +278,7 @@ static void test_resize_evicts_down_to_the_new_bound(void **state)
 	replay_cache_resize(c, 1 << 20);
 	put(c, "k20", H1, "x", later);
 	assert_true(get(c, "k20", H1, 1, &b));
-	ip_buf_free(&b);
+	growbuf_free(&b);
 	replay_cache_free(c);
 }
 
@@ -301,13 +301,13 @@ static void test_buckets_differ_between_caches(void **state)
 	/* and the keyed caches still find what they hold */
 	put(a, "k1", H1, "in-a", 1000);
 	put(b, "k1", H1, "in-b", 1000);
-	ip_buf buf = {0};
+	growbuf buf = {0};
 	assert_true(get(a, "k1", H1, 1, &buf));
 	assert_string_equal(buf.data, "in-a");
-	ip_buf_reset(&buf);
+	growbuf_reset(&buf);
 	assert_true(get(b, "k1", H1, 1, &buf));
 	assert_string_equal(buf.data, "in-b");
-	ip_buf_free(&buf);
+	growbuf_free(&buf);
 	replay_cache_free(a);
 	replay_cache_free(b);
 }
@@ -343,12 +343,12 @@ static void test_siphash_matches_the_reference(void **state)
 	uint8_t seq[15];
 	for (int i = 0; i < 15; i++)
 		seq[i] = (uint8_t)i;
-	assert_true(ip_siphash24(key, seq, 15) ==
+	assert_true(siphash24(key, seq, 15) ==
 		    UINT64_C(0xa129ca6149be45e5));
 	for (size_t n = 0; n <= sizeof msg; n++) {
 		uint8_t want[8];
 		siphash_openssl(key, msg, n, want);
-		uint64_t h = ip_siphash24(key, msg, n);
+		uint64_t h = siphash24(key, msg, n);
 		for (int i = 0; i < 8; i++)
 			assert_int_equal((uint8_t)(h >> (8 * i)), want[i]);
 	}

@@ -92,7 +92,7 @@ static void test_seal_open_round_trip(void **state)
 	seal_keyring *k = parse("active = a\na " K_A "\n", err);
 	assert_non_null(k);
 	seal_scope s = scope();
-	ip_buf sealed = {0}, plain = {0}, again = {0};
+	growbuf sealed = {0}, plain = {0}, again = {0};
 	const char msg[] = "{\"id\": \"p_1\", \"card\": \"4242\"}";
 	seal_seal(k, &s, SEAL_BODY, msg, sizeof msg - 1, &sealed);
 	assert_true(seal_is_sealed(sealed.data, sealed.len));
@@ -115,23 +115,24 @@ static void test_seal_open_round_trip(void **state)
 				   sealed.len, &plain, err, sizeof err),
 			 0);
 	assert_int_equal(plain.len, 0);
-	ip_buf_free(&sealed);
-	ip_buf_free(&plain);
-	ip_buf_free(&again);
+	growbuf_free(&sealed);
+	growbuf_free(&plain);
+	growbuf_free(&again);
 	seal_keyring_free(k);
 }
 
 static void expect_no_open(const seal_keyring *k, const seal_scope *s,
-			   enum seal_field f, const ip_buf *b, const char *want)
+			   enum seal_field f, const growbuf *b,
+			   const char *want)
 {
 	char err[256] = "";
-	ip_buf out = {0};
+	growbuf out = {0};
 	assert_int_equal(
 		seal_open(k, s, f, b->data, b->len, &out, err, sizeof err), -1);
 	assert_int_equal(out.len, 0);
 	if (!strstr(err, want))
 		fail_msg("error \"%s\" lacks \"%s\"", err, want);
-	ip_buf_free(&out);
+	growbuf_free(&out);
 }
 
 static void test_binding(void **state)
@@ -139,7 +140,7 @@ static void test_binding(void **state)
 	char err[256];
 	seal_keyring *k = parse("active = a\na " K_A "\n", err);
 	seal_scope s = scope();
-	ip_buf b = {0};
+	growbuf b = {0};
 	seal_seal(k, &s, SEAL_BODY, "secret", 6, &b);
 	const char *auth = "does not authenticate";
 
@@ -176,11 +177,11 @@ static void test_binding(void **state)
 		b.data[i] ^= 0x01;
 	}
 	/* A truncated blob is malformed. */
-	ip_buf t = {0};
-	ip_buf_append(&t, b.data, 10);
+	growbuf t = {0};
+	growbuf_append(&t, b.data, 10);
 	expect_no_open(k, &s, SEAL_BODY, &t, "malformed");
-	ip_buf_free(&t);
-	ip_buf_free(&b);
+	growbuf_free(&t);
+	growbuf_free(&b);
 	seal_keyring_free(k);
 }
 
@@ -191,7 +192,7 @@ static void test_rotation(void **state)
 	seal_keyring *both = parse("active = b\na " K_A "\nb " K_B "\n", err);
 	seal_keyring *only_b = parse("active = b\nb " K_B "\n", err);
 	seal_scope s = scope();
-	ip_buf b = {0}, out = {0};
+	growbuf b = {0}, out = {0};
 	seal_seal(old, &s, SEAL_BODY, "x", 1, &b);
 	/* An old key still opens what it sealed. */
 	assert_int_equal(seal_open(both, &s, SEAL_BODY, b.data, b.len, &out,
@@ -209,8 +210,8 @@ static void test_rotation(void **state)
 	/* A relabelled blob (key id rewritten) does not open. */
 	b.data[3] = 'a';
 	expect_no_open(both, &s, SEAL_BODY, &b, "does not authenticate");
-	ip_buf_free(&b);
-	ip_buf_free(&out);
+	growbuf_free(&b);
+	growbuf_free(&out);
 	seal_keyring_free(old);
 	seal_keyring_free(both);
 	seal_keyring_free(only_b);

@@ -91,18 +91,18 @@ static void test_unterminated_text_is_one_statement(void **state)
 static void test_the_migrations_split(void **state)
 {
 	(void)state;
-	for (int i = 0; i < ip_n_migrations; i++) {
+	for (int i = 0; i < n_embedded_migrations; i++) {
 		size_t pos = 0, len;
 		const char *st;
 		int n = 0;
-		while (sql_next_statement(ip_migrations[i].sql, &pos, &st,
+		while (sql_next_statement(embedded_migrations[i].sql, &pos, &st,
 					  &len)) {
 			assert_true(len > 0);
 			assert_true((st[0] >= 'A' && st[0] <= 'Z'));
 			n++;
 		}
 		assert_true(n > 0);
-		if (ip_migrations[i].version == 8)
+		if (embedded_migrations[i].version == 8)
 			assert_int_equal(n, 4);
 	}
 }

@@ -9,14 +9,14 @@
 static int64_t dur(const char *s)
 {
 	int64_t v = -12345;
-	assert_int_equal(ip_parse_duration_ms(s, &v), 0);
+	assert_int_equal(parse_duration_ms(s, &v), 0);
 	return v;
 }
 
 static void dur_bad(const char *s)
 {
 	int64_t v = -12345;
-	assert_int_equal(ip_parse_duration_ms(s, &v), -1);
+	assert_int_equal(parse_duration_ms(s, &v), -1);
 	/* A failed parse leaves the output alone. */
 	assert_int_equal(v, -12345);
 }
@@ -24,14 +24,14 @@ static void dur_bad(const char *s)
 static int64_t size(const char *s)
 {
 	int64_t v = -12345;
-	assert_int_equal(ip_parse_size(s, &v), 0);
+	assert_int_equal(parse_size(s, &v), 0);
 	return v;
 }
 
 static void size_bad(const char *s)
 {
 	int64_t v = -12345;
-	assert_int_equal(ip_parse_size(s, &v), -1);
+	assert_int_equal(parse_size(s, &v), -1);
 	assert_int_equal(v, -12345);
 }
 

@@ -23,7 +23,7 @@ static atomic_int finished_workers;
 /* A worker waits through the scheduler, as a request does. */
 static void pause_us(int us)
 {
-	fiber_wait_fds(0, NULL, NULL, NULL, ip_now_ms() + us / 1000.0);
+	fiber_wait_fds(0, NULL, NULL, NULL, mono_ms() + us / 1000.0);
 }
 
 static worker_pool *start(int workers, int queue, const worker_ops *o)

@@ -128,15 +128,15 @@ static void count_request(const char *k, size_t n)
 	pthread_mutex_unlock(&g_counts.mu);
 }
 
-static void stats_locked(ip_buf *out)
+static void stats_locked(growbuf *out)
 {
-	ip_buf_printf(out,
-		      "{\"requests\":%llu,\"keys\":%zu,\"max\":%llu,"
-		      "\"duplicated_keys\":%llu,\"no_key\":%llu}\n",
-		      (unsigned long long)g_counts.requests, g_counts.used,
-		      (unsigned long long)g_counts.max,
-		      (unsigned long long)g_counts.duplicated,
-		      (unsigned long long)g_counts.no_key);
+	growbuf_printf(out,
+		       "{\"requests\":%llu,\"keys\":%zu,\"max\":%llu,"
+		       "\"duplicated_keys\":%llu,\"no_key\":%llu}\n",
+		       (unsigned long long)g_counts.requests, g_counts.used,
+		       (unsigned long long)g_counts.max,
+		       (unsigned long long)g_counts.duplicated,
+		       (unsigned long long)g_counts.no_key);
 }
 
 static void reset_locked(void)
@@ -173,9 +173,9 @@ static int dump_locked(const char *path)
 
 typedef struct conn {
 	int fd;
-	ip_buf in;
+	growbuf in;
 	size_t in_off; /* bytes of in already answered */
-	ip_buf out;
+	growbuf out;
 	size_t out_off; /* bytes of out already written */
 	bool close_after;
 	bool want_out; /* EPOLLOUT registered */
@@ -206,13 +206,13 @@ static const char *trim(const char *p, const char *end, size_t *len)
 
 static bool name_is(const char *p, size_t n, const char *want)
 {
-	return strlen(want) == n && ip_strncaseeq(p, want, n);
+	return strlen(want) == n && str_ncaseeq(p, want, n);
 }
 
 static bool value_has_close(const char *v, size_t n)
 {
 	for (size_t i = 0; i + 5 <= n; i++)
-		if (ip_strncaseeq(v + i, "close", 5))
+		if (str_ncaseeq(v + i, "close", 5))
 			return true;
 	return false;
 }
@@ -285,35 +285,35 @@ static int parse_head(const char *p, size_t n, request *r)
 	return r->chunked ? -1 : 1;
 }
 
-static void json_string(ip_buf *out, const char *p, size_t n)
+static void json_string(growbuf *out, const char *p, size_t n)
 {
-	ip_buf_puts(out, "\"");
+	growbuf_puts(out, "\"");
 	for (size_t i = 0; i < n; i++) {
 		unsigned char c = (unsigned char)p[i];
 		if (c == '"' || c == '\\')
-			ip_buf_printf(out, "\\%c", c);
+			growbuf_printf(out, "\\%c", c);
 		else if (c < 0x20 || c >= 0x7f)
-			ip_buf_printf(out, "\\u%04x", c);
+			growbuf_printf(out, "\\u%04x", c);
 		else
-			ip_buf_append(out, &c, 1);
+			growbuf_append(out, &c, 1);
 	}
-	ip_buf_puts(out, "\"");
+	growbuf_puts(out, "\"");
 }
 
 static void respond(conn *c, int status, const char *reason,
-		    const ip_buf *body, bool close)
+		    const growbuf *body, bool close)
 {
-	ip_buf_printf(&c->out,
-		      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
-		      "Content-Length: %zu\r\n%s\r\n",
-		      status, reason, body->len,
-		      close ? "Connection: close\r\n" : "");
-	ip_buf_append(&c->out, body->data, body->len);
+	growbuf_printf(&c->out,
+		       "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+		       "Content-Length: %zu\r\n%s\r\n",
+		       status, reason, body->len,
+		       close ? "Connection: close\r\n" : "");
+	growbuf_append(&c->out, body->data, body->len);
 	if (close)
 		c->close_after = true;
 }
 
-static void serve_control(conn *c, const request *r, ip_buf *body)
+static void serve_control(conn *c, const request *r, growbuf *body)
 {
 	bool post = name_is(r->method, r->method_len, "POST");
 	const char *t = r->target + 8; /* after "/__stub/" */
@@ -326,12 +326,12 @@ static void serve_control(conn *c, const request *r, ip_buf *body)
 		reset_locked();
 	} else if (post && name_is(t, tl, "dump")) {
 		if (dump_locked(g_dump_path))
-			ip_buf_printf(body, "{\"error\":\"%s\"}\n",
-				      strerror(errno));
+			growbuf_printf(body, "{\"error\":\"%s\"}\n",
+				       strerror(errno));
 		else
 			stats_locked(body);
 	} else {
-		ip_buf_puts(body, "{\"error\":\"unknown control request\"}\n");
+		growbuf_puts(body, "{\"error\":\"unknown control request\"}\n");
 		pthread_mutex_unlock(&g_counts.mu);
 		respond(c, 404, "Not Found", body, r->close);
 		return;
@@ -340,24 +340,24 @@ static void serve_control(conn *c, const request *r, ip_buf *body)
 	respond(c, 200, "OK", body, r->close);
 }
 
-static void serve(conn *c, const request *r, ip_buf *body)
+static void serve(conn *c, const request *r, growbuf *body)
 {
-	ip_buf_reset(body);
+	growbuf_reset(body);
 	if (r->target_len >= 8 && !memcmp(r->target, "/__stub/", 8)) {
 		serve_control(c, r, body);
 		return;
 	}
 	count_request(r->key, r->key_len);
 	unsigned long id = atomic_fetch_add(&g_seq, 1) + 1;
-	ip_buf_printf(body,
-		      "{\"id\":\"pay_%lu\",\"object\":\"payment\","
-		      "\"idempotency_key\":",
-		      id);
+	growbuf_printf(body,
+		       "{\"id\":\"pay_%lu\",\"object\":\"payment\","
+		       "\"idempotency_key\":",
+		       id);
 	if (r->key)
 		json_string(body, r->key, r->key_len);
 	else
-		ip_buf_puts(body, "null");
-	ip_buf_puts(body, "}");
+		growbuf_puts(body, "null");
+	growbuf_puts(body, "}");
 	if (name_is(r->method, r->method_len, "POST"))
 		respond(c, 201, "Created", body, r->close);
 	else
@@ -366,7 +366,7 @@ static void serve(conn *c, const request *r, ip_buf *body)
 
 /* Answers every complete request in the input buffer; a request it cannot
  * parse is answered 400 and ends the connection. */
-static void process_input(conn *c, ip_buf *body)
+static void process_input(conn *c, growbuf *body)
 {
 	for (;;) {
 		const char *p = c->in.data + c->in_off;
@@ -376,8 +376,8 @@ static void process_input(conn *c, ip_buf *body)
 		request r;
 		int rc = parse_head(p, n, &r);
 		if (rc < 0) {
-			ip_buf_reset(body);
-			ip_buf_puts(body, "{\"error\":\"bad request\"}");
+			growbuf_reset(body);
+			growbuf_puts(body, "{\"error\":\"bad request\"}");
 			respond(c, 400, "Bad Request", body, true);
 			break;
 		}
@@ -410,8 +410,8 @@ static void conn_free(int ep, conn *c)
 {
 	epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
 	close(c->fd);
-	ip_buf_free(&c->in);
-	ip_buf_free(&c->out);
+	growbuf_free(&c->in);
+	growbuf_free(&c->out);
 	free(c);
 }
 
@@ -451,7 +451,7 @@ static int flush_output(int ep, conn *c)
 static int read_input(conn *c)
 {
 	for (;;) {
-		ip_buf_reserve(&c->in, 16384);
+		growbuf_reserve(&c->in, 16384);
 		ssize_t r = recv(c->fd, c->in.data + c->in.len,
 				 c->in.cap - c->in.len - 1, 0);
 		if (r < 0 && errno == EINTR)
@@ -485,7 +485,7 @@ static void accept_all(loop *l)
 	}
 }
 
-static void on_conn_event(loop *l, conn *c, uint32_t events, ip_buf *body)
+static void on_conn_event(loop *l, conn *c, uint32_t events, growbuf *body)
 {
 	if (events & EPOLLIN) {
 		bool eof = read_input(c) != 0;
@@ -505,7 +505,7 @@ static void *loop_run(void *arg)
 {
 	loop *l = arg;
 	struct epoll_event evs[128];
-	ip_buf body = {0};
+	growbuf body = {0};
 	while (!g_stop) {
 		/* The timeout only bounds how late a stop is noticed. */
 		int n = epoll_wait(l->ep, evs, 128, 200);
@@ -517,7 +517,7 @@ static void *loop_run(void *arg)
 					      evs[i].events, &body);
 		}
 	}
-	ip_buf_free(&body);
+	growbuf_free(&body);
 	return NULL;
 }
 
@@ -606,9 +606,9 @@ int main(int argc, char **argv)
 		/* EPOLLEXCLUSIVE: one loop wakes per new connection. */
 		struct epoll_event ev = {.events = EPOLLIN | EPOLLEXCLUSIVE,
 					 .data.ptr = NULL};
-		IP_ASSERT(l->ep >= 0 &&
-			  epoll_ctl(l->ep, EPOLL_CTL_ADD, lfd, &ev) == 0);
-		IP_ASSERT(pthread_create(&l->th, NULL, loop_run, l) == 0);
+		ALWAYS_ASSERT(l->ep >= 0 &&
+			      epoll_ctl(l->ep, EPOLL_CTL_ADD, lfd, &ev) == 0);
+		ALWAYS_ASSERT(pthread_create(&l->th, NULL, loop_run, l) == 0);
 	}
 	for (int i = 0; i < threads; i++)
 		pthread_join(loops[i].th, NULL);

@@ -6,9 +6,9 @@
 
 #include <string.h>
 
-#include "idkey.h"
+#include "key_header.h"
 
-static char key[IDKEY_MAX + 1];
+static char key[KEY_LEN_MAX + 1];
 static size_t key_len;
 static const char *why;
 
@@ -17,7 +17,7 @@ static int parse_n(const char *v, size_t n)
 	memset(key, 'X', sizeof key);
 	key_len = 9999;
 	why = NULL;
-	return idkey_parse(v, n, key, &key_len, &why);
+	return key_header_parse(v, n, key, &key_len, &why);
 }
 
 static int parse(const char *v)
@@ -75,7 +75,7 @@ static void test_quoted(void **state)
 
 static void test_quoted_and_bare_are_the_same_key(void **state)
 {
-	char a[IDKEY_MAX + 1];
+	char a[KEY_LEN_MAX + 1];
 	size_t alen;
 
 	(void)state;
@@ -117,34 +117,34 @@ static void test_lengths(void **state)
 	char v[600];
 
 	(void)state;
-	memset(v, 'k', IDKEY_MAX);
-	v[IDKEY_MAX] = '\0';
+	memset(v, 'k', KEY_LEN_MAX);
+	v[KEY_LEN_MAX] = '\0';
 	assert_int_equal(parse(v), 0);
-	assert_int_equal(key_len, IDKEY_MAX);
-	assert_int_equal(key[IDKEY_MAX], '\0');
+	assert_int_equal(key_len, KEY_LEN_MAX);
+	assert_int_equal(key[KEY_LEN_MAX], '\0');
 
-	memset(v, 'k', IDKEY_MAX + 1);
-	v[IDKEY_MAX + 1] = '\0';
+	memset(v, 'k', KEY_LEN_MAX + 1);
+	v[KEY_LEN_MAX + 1] = '\0';
 	bad(v, "longer than 255");
 
 	/* Quoted: 255 after unquoting, even though the wire form is longer. */
 	v[0] = '"';
-	for (int i = 0; i < IDKEY_MAX; i++) {
+	for (int i = 0; i < KEY_LEN_MAX; i++) {
 		v[1 + 2 * i] = '\\';
 		v[2 + 2 * i] = '\\';
 	}
-	v[1 + 2 * IDKEY_MAX] = '"';
-	v[2 + 2 * IDKEY_MAX] = '\0';
+	v[1 + 2 * KEY_LEN_MAX] = '"';
+	v[2 + 2 * KEY_LEN_MAX] = '\0';
 	assert_int_equal(parse(v), 0);
-	assert_int_equal(key_len, IDKEY_MAX);
+	assert_int_equal(key_len, KEY_LEN_MAX);
 	assert_int_equal(key[0], '\\');
-	assert_int_equal(key[IDKEY_MAX - 1], '\\');
-	assert_int_equal(key[IDKEY_MAX], '\0');
+	assert_int_equal(key[KEY_LEN_MAX - 1], '\\');
+	assert_int_equal(key[KEY_LEN_MAX], '\0');
 
 	v[0] = '"';
-	memset(v + 1, 'q', IDKEY_MAX + 1);
-	v[IDKEY_MAX + 2] = '"';
-	v[IDKEY_MAX + 3] = '\0';
+	memset(v + 1, 'q', KEY_LEN_MAX + 1);
+	v[KEY_LEN_MAX + 2] = '"';
+	v[KEY_LEN_MAX + 3] = '\0';
 	bad(v, "longer than 255");
 
 	/* Long garbage must not overflow the output buffer. */
@@ -162,8 +162,8 @@ static void test_empty(void **state)
 	bad("\"\"", "empty");
 	bad("\"\";a=1", "empty");
 	bad(" \"\" ", "empty");
-	assert_int_equal(idkey_parse(NULL, 0, key, &key_len, &why), -1);
-	assert_int_equal(idkey_parse("abc", 0, key, &key_len, &why), -1);
+	assert_int_equal(key_header_parse(NULL, 0, key, &key_len, &why), -1);
+	assert_int_equal(key_header_parse("abc", 0, key, &key_len, &why), -1);
 	assert_non_null(strstr(why, "empty"));
 }
 
@@ -235,8 +235,8 @@ static void test_bare_forbidden_chars(void **state)
 static void test_null_why_is_tolerated(void **state)
 {
 	(void)state;
-	assert_int_equal(idkey_parse("a,b", 3, key, &key_len, NULL), -1);
-	assert_int_equal(idkey_parse("ab", 2, key, &key_len, NULL), 0);
+	assert_int_equal(key_header_parse("a,b", 3, key, &key_len, NULL), -1);
+	assert_int_equal(key_header_parse("ab", 2, key, &key_len, NULL), 0);
 	assert_string_equal(key, "ab");
 }
 
@@ -293,13 +293,13 @@ static void test_fuzz_invariants(void **state)
 			continue;
 		}
 		accepted++;
-		assert_true(key_len >= 1 && key_len <= IDKEY_MAX);
+		assert_true(key_len >= 1 && key_len <= KEY_LEN_MAX);
 		assert_int_equal(key[key_len], '\0');
 		for (size_t i = 0; i < key_len; i++)
 			assert_true(key[i] >= 0x20 && key[i] <= 0x7e);
 
 		/* Round trip through the quoted form. */
-		char q[2 * IDKEY_MAX + 3], first[IDKEY_MAX + 1];
+		char q[2 * KEY_LEN_MAX + 3], first[KEY_LEN_MAX + 1];
 		size_t qn = 0, first_len = key_len;
 		memcpy(first, key, key_len + 1);
 		q[qn++] = '"';

@@ -1,6 +1,6 @@
-/* Fuzz target for idkey_parse (SPEC 3.1).
+/* Fuzz target for key_header_parse (SPEC 3.1).
  *
- * Besides "never crash", checks what idkey.h promises about a key that was
+ * Besides "never crash", checks what key_header.h promises about a key that was
  * accepted: 1..255 bytes of visible ASCII or SP, NUL-terminated, the same
  * answer every time, and the one spelling equivalence the spec allows
  * ("abc" == abc): the key written back as an sf-string, or bare where a
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "idkey.h"
+#include "key_header.h"
 
 static bool bare_can_carry(const char *k, size_t n)
 {
@@ -39,34 +39,34 @@ static size_t quote_key(const char *k, size_t n, char *out)
 static void assert_parses_to(const char *v, size_t len, const char *want,
 			     size_t want_len)
 {
-	char *key = xmalloc(IDKEY_MAX + 1);
+	char *key = xmalloc(KEY_LEN_MAX + 1);
 	size_t n = 0;
 	const char *why = NULL;
 
-	IP_ASSERT(idkey_parse(v, len, key, &n, &why) == 0);
-	IP_ASSERT(n == want_len && memcmp(key, want, n) == 0);
+	ALWAYS_ASSERT(key_header_parse(v, len, key, &n, &why) == 0);
+	ALWAYS_ASSERT(n == want_len && memcmp(key, want, n) == 0);
 	free(key);
 }
 
 static void check_accepted(const char *in, size_t len, const char *key,
 			   size_t n)
 {
-	IP_ASSERT(n >= 1 && n <= IDKEY_MAX);
-	IP_ASSERT(key[n] == '\0');
+	ALWAYS_ASSERT(n >= 1 && n <= KEY_LEN_MAX);
+	ALWAYS_ASSERT(key[n] == '\0');
 	for (size_t i = 0; i < n; i++)
-		IP_ASSERT(key[i] >= 0x20 && key[i] <= 0x7e);
+		ALWAYS_ASSERT(key[i] >= 0x20 && key[i] <= 0x7e);
 
 	/* A key that did not come quoted is the trimmed input itself. */
 	size_t s = 0;
 	while (s < len && (in[s] == ' ' || in[s] == '\t'))
 		s++;
-	IP_ASSERT(s < len);
+	ALWAYS_ASSERT(s < len);
 	if (in[s] != '"') {
-		IP_ASSERT(bare_can_carry(key, n));
-		IP_ASSERT(memcmp(in + s, key, n) == 0);
+		ALWAYS_ASSERT(bare_can_carry(key, n));
+		ALWAYS_ASSERT(memcmp(in + s, key, n) == 0);
 	}
 
-	char *quoted = xmalloc(2 * IDKEY_MAX + 2);
+	char *quoted = xmalloc(2 * KEY_LEN_MAX + 2);
 	size_t qn = quote_key(key, n, quoted);
 	assert_parses_to(quoted, qn, key, n);
 	free(quoted);
@@ -79,24 +79,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* Exactly sized copies, so a read or write one past either end is
 	 * caught by the address sanitizer. */
 	char *in = xmalloc(size ? size : 1);
-	char *key = xmalloc(IDKEY_MAX + 1);
-	char *again = xmalloc(IDKEY_MAX + 1);
+	char *key = xmalloc(KEY_LEN_MAX + 1);
+	char *again = xmalloc(KEY_LEN_MAX + 1);
 	size_t n = 0, n2 = 0;
 	const char *why = NULL, *why2 = NULL;
 
 	memcpy(in, data, size);
-	int rc = idkey_parse(in, size, key, &n, &why);
-	int rc2 = idkey_parse(in, size, again, &n2, &why2);
-	IP_ASSERT(rc == 0 || rc == -1);
-	IP_ASSERT(rc == rc2);
+	int rc = key_header_parse(in, size, key, &n, &why);
+	int rc2 = key_header_parse(in, size, again, &n2, &why2);
+	ALWAYS_ASSERT(rc == 0 || rc == -1);
+	ALWAYS_ASSERT(rc == rc2);
 	/* A NULL reason pointer is allowed and must not change the answer. */
-	IP_ASSERT(idkey_parse(in, size, again, &n2, NULL) == rc);
+	ALWAYS_ASSERT(key_header_parse(in, size, again, &n2, NULL) == rc);
 	if (rc == 0) {
-		IP_ASSERT(n == n2 && memcmp(key, again, n + 1) == 0);
+		ALWAYS_ASSERT(n == n2 && memcmp(key, again, n + 1) == 0);
 		check_accepted(in, size, key, n);
 	} else {
-		IP_ASSERT(why != NULL && why[0] != '\0');
-		IP_ASSERT(why == why2);
+		ALWAYS_ASSERT(why != NULL && why[0] != '\0');
+		ALWAYS_ASSERT(why == why2);
 	}
 	free(again);
 	free(key);

@@ -5,7 +5,7 @@
  * store and put in an admin URL as a header key. The parts are joined as
  * netstrings, each length-prefixed, so that no two different lists of
  * values join to the same key. */
-#include "keyparts.h"
+#include "key_from.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -42,7 +42,7 @@ static bool visible(const char *s)
 	return true;
 }
 
-int keyparts_parse_part(const char *spec, keypart *out, char *why,
+int key_from_parse_part(const char *spec, key_part *out, char *why,
 			size_t whylen)
 {
 	memset(out, 0, sizeof *out);
@@ -53,7 +53,7 @@ int keyparts_parse_part(const char *spec, keypart *out, char *why,
 				      spec, spec + 7);
 		out->source = KP_HEADER;
 		out->name = xstrdup(spec + 7);
-		out->idkey = ip_strcaseeq(out->name, "Idempotency-Key");
+		out->is_key_header = str_caseeq(out->name, "Idempotency-Key");
 	} else if (strncmp(spec, "query:", 6) == 0) {
 		if (!visible(spec + 6))
 			return KP_WHY(why, whylen,
@@ -81,29 +81,30 @@ int keyparts_parse_part(const char *spec, keypart *out, char *why,
 	return 0;
 }
 
-static void part_free(keypart *p)
+static void part_free(key_part *p)
 {
 	free(p->spec);
 	free(p->name);
 	jsonptr_free(p->ptr);
 }
 
-static bool same_part(const keypart *a, const keypart *b)
+static bool same_part(const key_part *a, const key_part *b)
 {
 	if (a->source != b->source)
 		return false;
 	if (a->source == KP_HEADER)
-		return ip_strcaseeq(a->name, b->name);
+		return str_caseeq(a->name, b->name);
 	if (a->source == KP_QUERY)
 		return strcmp(a->name, b->name) == 0;
 	return strcmp(a->ptr->text, b->ptr->text) == 0;
 }
 
-int keyparts_add(keyparts *kp, keypart *part, char *why, size_t whylen)
+int key_from_add(key_from_cfg *kp, key_part *part, char *why, size_t whylen)
 {
 	int rc = 0;
-	if (kp->n == KEYPARTS_MAX)
-		rc = KP_WHY(why, whylen, "at most %d parts", KEYPARTS_MAX);
+	if (kp->n == KEY_FROM_MAX_PARTS)
+		rc = KP_WHY(why, whylen, "at most %d parts",
+			    KEY_FROM_MAX_PARTS);
 	for (size_t i = 0; rc == 0 && i < kp->n; i++)
 		if (same_part(&kp->v[i], part))
 			rc = KP_WHY(why, whylen, "\"%s\" is listed twice",
@@ -114,12 +115,12 @@ int keyparts_add(keyparts *kp, keypart *part, char *why, size_t whylen)
 	}
 	kp->v = xrealloc(kp->v, (kp->n + 1) * sizeof *kp->v);
 	kp->v[kp->n++] = *part;
-	kp->bare = kp->n == 1 && kp->v[0].idkey;
+	kp->bare = kp->n == 1 && kp->v[0].is_key_header;
 	kp->needs_body = kp->needs_body || part->source == KP_BODY;
 	return 0;
 }
 
-void keyparts_free(keyparts *kp)
+void key_from_free(key_from_cfg *kp)
 {
 	if (!kp)
 		return;
@@ -130,11 +131,11 @@ void keyparts_free(keyparts *kp)
 	kp->n = 0;
 }
 
-bool keyparts_uses_header(const keyparts *kp, const char *name)
+bool key_from_uses_header(const key_from_cfg *kp, const char *name)
 {
 	for (size_t i = 0; kp && i < kp->n; i++)
 		if (kp->v[i].source == KP_HEADER &&
-		    ip_strcaseeq(kp->v[i].name, name))
+		    str_caseeq(kp->v[i].name, name))
 			return true;
 	return false;
 }
@@ -146,7 +147,7 @@ static const char *value_problem(const char *v, size_t n)
 {
 	if (n == 0)
 		return "is empty";
-	if (n > IDKEY_MAX)
+	if (n > KEY_LEN_MAX)
 		return "is longer than 255 characters";
 	for (size_t i = 0; i < n; i++)
 		if ((unsigned char)v[i] < 0x20 || (unsigned char)v[i] > 0x7e)
@@ -155,58 +156,58 @@ static const char *value_problem(const char *v, size_t n)
 	return NULL;
 }
 
-static enum keyparts_result missing(keyparts_key *out, const keypart *p,
+static enum key_from_result missing(key_from_key *out, const key_part *p,
 				    const char *why)
 {
 	snprintf(out->detail, sizeof out->detail, "the key part %s %s",
 		 p->spec, why);
-	return KEYPARTS_MISSING;
+	return KEY_FROM_MISSING;
 }
 
-static enum keyparts_result invalid(keyparts_key *out, const keypart *p,
+static enum key_from_result invalid(key_from_key *out, const key_part *p,
 				    const char *why)
 {
 	snprintf(out->detail, sizeof out->detail, "the key part %s %s",
 		 p->spec, why);
-	return KEYPARTS_INVALID;
+	return KEY_FROM_INVALID;
 }
 
-static enum keyparts_result check_value(keyparts_key *out, const keypart *p,
+static enum key_from_result check_value(key_from_key *out, const key_part *p,
 					const char *v, size_t n)
 {
 	const char *why = value_problem(v, n);
-	return why ? invalid(out, p, why) : KEYPARTS_OK;
+	return why ? invalid(out, p, why) : KEY_FROM_OK;
 }
 
-static enum keyparts_result header_part(const keypart *p,
-					const keyparts_request *rq,
-					keyparts_key *out, ip_buf *val)
+static enum key_from_result header_part(const key_part *p,
+					const key_from_request *rq,
+					key_from_key *out, growbuf *val)
 {
 	size_t count = header_list_count(rq->headers, p->name);
 	const char *v = header_list_get(rq->headers, p->name);
 	if (count == 0)
 		return missing(out, p, "is missing: send the header");
-	if (count > 1 && p->idkey) {
+	if (count > 1 && p->is_key_header) {
 		snprintf(out->detail, sizeof out->detail,
 			 "send exactly one Idempotency-Key header");
-		return KEYPARTS_INVALID;
+		return KEY_FROM_INVALID;
 	}
 	if (count > 1)
 		return invalid(out, p, "is sent more than once");
-	if (!p->idkey) {
-		ip_buf_puts(val, v);
+	if (!p->is_key_header) {
+		growbuf_puts(val, v);
 		return check_value(out, p, v, strlen(v));
 	}
 	size_t klen;
 	const char *why = NULL;
-	if (idkey_parse(v, strlen(v), out->idkey, &klen, &why) != 0) {
+	if (key_header_parse(v, strlen(v), out->header_key, &klen, &why) != 0) {
 		snprintf(out->detail, sizeof out->detail, "%s",
 			 why ? why : "malformed Idempotency-Key");
-		out->idkey[0] = '\0';
-		return KEYPARTS_INVALID;
+		out->header_key[0] = '\0';
+		return KEY_FROM_INVALID;
 	}
-	ip_buf_append(val, out->idkey, klen);
-	return KEYPARTS_OK;
+	growbuf_append(val, out->header_key, klen);
+	return KEY_FROM_OK;
 }
 
 static int hexval(char c)
@@ -218,7 +219,7 @@ static int hexval(char c)
 }
 
 /* application/x-www-form-urlencoded: '+' is a space, %XX a byte. */
-static int form_decode(const char *s, size_t n, ip_buf *out)
+static int form_decode(const char *s, size_t n, growbuf *out)
 {
 	for (size_t i = 0; i < n; i++) {
 		char c = s[i];
@@ -233,14 +234,14 @@ static int form_decode(const char *s, size_t n, ip_buf *out)
 		} else if (c == '+') {
 			c = ' ';
 		}
-		ip_buf_append(out, &c, 1);
+		growbuf_append(out, &c, 1);
 	}
 	return 0;
 }
 
-static enum keyparts_result query_part(const keypart *p,
-				       const keyparts_request *rq,
-				       keyparts_key *out, ip_buf *val)
+static enum key_from_result query_part(const key_part *p,
+				       const key_from_request *rq,
+				       key_from_key *out, growbuf *val)
 {
 	const char *s = rq->query ? rq->query : "";
 	size_t n = rq->query ? rq->query_len : 0, found = 0;
@@ -250,16 +251,16 @@ static enum keyparts_result query_part(const keypart *p,
 		size_t e = amp ? (size_t)(amp - s) : n;
 		const char *eq = memchr(s + i, '=', e - i);
 		size_t ne = eq ? (size_t)(eq - s) : e;
-		ip_buf name = {0};
+		growbuf name = {0};
 		if (form_decode(s + i, ne - i, &name) == 0 && name.len &&
 		    strlen(p->name) == name.len &&
 		    memcmp(name.data, p->name, name.len) == 0) {
 			found++;
-			ip_buf_reset(val);
+			growbuf_reset(val);
 			size_t vs = eq ? ne + 1 : e;
 			bad = form_decode(s + vs, e - vs, val) < 0;
 		}
-		ip_buf_free(&name);
+		growbuf_free(&name);
 		i = e + 1;
 		if (!amp)
 			break;
@@ -278,7 +279,7 @@ typedef struct body_state {
 	char why[96];
 } body_state;
 
-static void check_body(const keyparts_request *rq, body_state *b)
+static void check_body(const key_from_request *rq, body_state *b)
 {
 	char mt[128];
 	fp_media_type(rq->content_type, mt, sizeof mt);
@@ -315,9 +316,9 @@ static void check_body(const keyparts_request *rq, body_state *b)
 	b->checked = 1;
 }
 
-static enum keyparts_result body_part(const keypart *p,
-				      const keyparts_request *rq,
-				      keyparts_key *out, ip_buf *val,
+static enum key_from_result body_part(const key_part *p,
+				      const key_from_request *rq,
+				      key_from_key *out, growbuf *val,
 				      body_state *b)
 {
 	if (b->checked == 0)
@@ -352,73 +353,73 @@ static enum keyparts_result body_part(const keypart *p,
 				       "a number");
 	default:
 		/* A number, as the client wrote it. */
-		ip_buf_append(val, v, n);
+		growbuf_append(val, v, n);
 		return check_value(out, p, v, n);
 	}
 }
 
 /* Is any part present at all? Decides an optional key's pass-through. */
-static bool any_present(const keyparts *kp, const keyparts_request *rq)
+static bool any_present(const key_from_cfg *kp, const key_from_request *rq)
 {
 	for (size_t i = 0; i < kp->n; i++) {
-		const keypart *p = &kp->v[i];
+		const key_part *p = &kp->v[i];
 		if (p->source == KP_HEADER &&
 		    header_list_count(rq->headers, p->name) > 0)
 			return true;
 		if (p->source == KP_QUERY || p->source == KP_BODY) {
-			keyparts_key scratch;
-			ip_buf v = {0};
+			key_from_key scratch;
+			growbuf v = {0};
 			body_state b = {0};
-			enum keyparts_result r =
+			enum key_from_result r =
 				p->source == KP_QUERY
 					? query_part(p, rq, &scratch, &v)
 					: body_part(p, rq, &scratch, &v, &b);
-			ip_buf_free(&v);
-			if (r != KEYPARTS_MISSING)
+			growbuf_free(&v);
+			if (r != KEY_FROM_MISSING)
 				return true;
 		}
 	}
 	return false;
 }
 
-enum keyparts_result keyparts_key_of(const keyparts *kp,
-				     const keyparts_request *rq,
-				     keyparts_key *out)
+enum key_from_result key_from_key_of(const key_from_cfg *kp,
+				     const key_from_request *rq,
+				     key_from_key *out)
 {
-	out->key[0] = out->idkey[0] = out->detail[0] = '\0';
-	ip_buf joined = {0}, val = {0};
+	out->key[0] = out->header_key[0] = out->detail[0] = '\0';
+	growbuf joined = {0}, val = {0};
 	body_state b = {0};
-	enum keyparts_result r = KEYPARTS_OK;
-	for (size_t i = 0; r == KEYPARTS_OK && i < kp->n; i++) {
-		const keypart *p = &kp->v[i];
-		ip_buf_reset(&val);
+	enum key_from_result r = KEY_FROM_OK;
+	for (size_t i = 0; r == KEY_FROM_OK && i < kp->n; i++) {
+		const key_part *p = &kp->v[i];
+		growbuf_reset(&val);
 		if (p->source == KP_HEADER)
 			r = header_part(p, rq, out, &val);
 		else if (p->source == KP_QUERY)
 			r = query_part(p, rq, out, &val);
 		else
 			r = body_part(p, rq, out, &val, &b);
-		if (r != KEYPARTS_OK)
+		if (r != KEY_FROM_OK)
 			break;
 		if (kp->bare)
-			ip_buf_append(&joined, val.data, val.len);
+			growbuf_append(&joined, val.data, val.len);
 		else
-			ip_buf_printf(&joined, "%zu:%.*s,", val.len,
-				      (int)val.len, val.data ? val.data : "");
+			growbuf_printf(&joined, "%zu:%.*s,", val.len,
+				       (int)val.len, val.data ? val.data : "");
 	}
-	if (r == KEYPARTS_OK && joined.len > KEYPARTS_KEY_MAX) {
+	if (r == KEY_FROM_OK && joined.len > KEY_FROM_KEY_MAX) {
 		snprintf(out->detail, sizeof out->detail,
 			 "the key parts are longer than %d characters "
 			 "together",
-			 KEYPARTS_KEY_MAX);
-		r = KEYPARTS_INVALID;
+			 KEY_FROM_KEY_MAX);
+		r = KEY_FROM_INVALID;
 	}
-	if (r == KEYPARTS_OK)
+	if (r == KEY_FROM_OK)
 		memcpy(out->key, joined.data, joined.len + 1);
-	ip_buf_free(&joined);
-	ip_buf_free(&val);
+	growbuf_free(&joined);
+	growbuf_free(&val);
 	/* Only a missing part needs the question answered. */
-	if (r == KEYPARTS_MISSING && !any_present(kp, rq))
-		return KEYPARTS_NONE;
+	if (r == KEY_FROM_MISSING && !any_present(kp, rq))
+		return KEY_FROM_NONE;
 	return r;
 }

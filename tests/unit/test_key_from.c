@@ -9,7 +9,7 @@
 
 #include "http_msg.h"
 #include "jsonptr.h"
-#include "keyparts.h"
+#include "key_from.h"
 
 /* ---- JSON pointers --------------------------------------------------- */
 
@@ -127,29 +127,29 @@ static void test_pointer_remove_all(void **state)
 static void test_string_value(void **state)
 {
 	(void)state;
-	ip_buf b = {0};
+	growbuf b = {0};
 	const char *lit = "\"a\\u0062\\/\\uD83D\\uDE00\"";
 	assert_int_equal(jsonptr_string_value(lit, strlen(lit), &b), 0);
 	assert_string_equal(b.data, "ab/\xf0\x9f\x98\x80");
-	ip_buf_reset(&b);
+	growbuf_reset(&b);
 	assert_int_equal(jsonptr_string_value("\"\\u0000\"", 8, &b), -1);
 	assert_int_equal(jsonptr_string_value("\"\\uDE00\"", 8, &b), -1);
 	assert_int_equal(jsonptr_string_value("\"a", 2, &b), -1);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 /* ---- key parts ------------------------------------------------------- */
 
-static keyparts parts(const char *first, ...)
+static key_from_cfg parts(const char *first, ...)
 {
-	keyparts kp = {0};
+	key_from_cfg kp = {0};
 	va_list ap;
 	va_start(ap, first);
 	for (const char *s = first; s; s = va_arg(ap, const char *)) {
-		keypart p;
+		key_part p;
 		char why[200];
-		if (keyparts_parse_part(s, &p, why, sizeof why) < 0 ||
-		    keyparts_add(&kp, &p, why, sizeof why) < 0)
+		if (key_from_parse_part(s, &p, why, sizeof why) < 0 ||
+		    key_from_add(&kp, &p, why, sizeof why) < 0)
 			fail_msg("%s: %s", s, why);
 	}
 	va_end(ap);
@@ -158,7 +158,7 @@ static keyparts parts(const char *first, ...)
 
 typedef struct req {
 	header_list h;
-	keyparts_request r;
+	key_from_request r;
 } req;
 
 static void req_init(req *q, const char *query, const char *body,
@@ -178,10 +178,10 @@ static void hdr(req *q, const char *n, const char *v)
 	header_list_add(&q->h, n, strlen(n), v, strlen(v));
 }
 
-static enum keyparts_result key_of(const keyparts *kp, req *q,
-				   keyparts_key *k)
+static enum key_from_result key_of(const key_from_cfg *kp, req *q,
+				   key_from_key *k)
 {
-	enum keyparts_result r = keyparts_key_of(kp, &q->r, k);
+	enum key_from_result r = key_from_key_of(kp, &q->r, k);
 	return r;
 }
 
@@ -190,104 +190,104 @@ static enum keyparts_result key_of(const keyparts *kp, req *q,
 static void test_each_part_alone(void **state)
 {
 	(void)state;
-	keyparts_key k;
+	key_from_key k;
 	req q;
 
-	keyparts kp = parts("header:X-Delivery-Id", NULL);
+	key_from_cfg kp = parts("header:X-Delivery-Id", NULL);
 	req_init(&q, NULL, NULL, NULL);
 	hdr(&q, "x-delivery-id", "d-1");
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_OK);
 	assert_string_equal(k.key, "3:d-1,");
-	assert_string_equal(k.idkey, "");
+	assert_string_equal(k.header_key, "");
 	header_list_free(&q.h);
-	keyparts_free(&kp);
+	key_from_free(&kp);
 
 	kp = parts("query:event", NULL);
 	req_init(&q, "a=1&event=ev%5F1+x&b", NULL, NULL);
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_OK);
 	assert_string_equal(k.key, "6:ev_1 x,");
-	keyparts_free(&kp);
+	key_from_free(&kp);
 
 	kp = parts("body:/event/id", NULL);
 	req_init(&q, NULL, "{\"event\": {\"id\": \"evt_9\"}}", JSON_CT);
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_OK);
 	assert_string_equal(k.key, "5:evt_9,");
 	req_init(&q, NULL, "{\"event\": {\"id\": 1.50}}",
 		 "application/vnd.x+json; charset=utf-8");
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_OK);
 	assert_string_equal(k.key, "4:1.50,");
 	req_init(&q, NULL, "{\"event\": {\"id\": 123456789012345678901234}}",
 		 JSON_CT);
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_OK);
 	assert_string_equal(k.key, "24:123456789012345678901234,");
-	keyparts_free(&kp);
+	key_from_free(&kp);
 }
 
 /* The default list keeps the key what the header says, in either spelling. */
 static void test_bare_idempotency_key(void **state)
 {
 	(void)state;
-	keyparts_key k;
+	key_from_key k;
 	req q;
-	keyparts kp = parts("header:Idempotency-Key", NULL);
+	key_from_cfg kp = parts("header:Idempotency-Key", NULL);
 	assert_true(kp.bare);
 	req_init(&q, NULL, NULL, NULL);
 	hdr(&q, "Idempotency-Key", "\"order-1\"");
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_OK);
 	assert_string_equal(k.key, "order-1");
-	assert_string_equal(k.idkey, "order-1");
+	assert_string_equal(k.header_key, "order-1");
 	hdr(&q, "Idempotency-Key", "order-1");
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_INVALID);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_INVALID);
 	assert_string_equal(k.detail, "send exactly one Idempotency-Key header");
 	header_list_free(&q.h);
 	req_init(&q, NULL, NULL, NULL);
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_NONE);
-	keyparts_free(&kp);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_NONE);
+	key_from_free(&kp);
 }
 
 static void test_combined_parts(void **state)
 {
 	(void)state;
-	keyparts_key k;
+	key_from_key k;
 	req q;
-	keyparts kp = parts("header:Idempotency-Key", "body:/order_id",
-			    "body:/status", "query:v", NULL);
+	key_from_cfg kp = parts("header:Idempotency-Key", "body:/order_id",
+				"body:/status", "query:v", NULL);
 	assert_false(kp.bare);
 	req_init(&q, "v=2", "{\"status\":\"paid\",\"order_id\":42}", JSON_CT);
 	hdr(&q, "Idempotency-Key", "\"a b\"");
-	assert_int_equal(key_of(&kp, &q, &k), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k), KEY_FROM_OK);
 	assert_string_equal(k.key, "3:a b,2:42,4:paid,1:2,");
-	assert_string_equal(k.idkey, "a b");
+	assert_string_equal(k.header_key, "a b");
 	header_list_free(&q.h);
-	keyparts_free(&kp);
+	key_from_free(&kp);
 }
 
 /* ["a", "bc"] and ["ab", "c"] are different keys. */
 static void test_no_two_lists_make_one_key(void **state)
 {
 	(void)state;
-	keyparts_key k1, k2;
+	key_from_key k1, k2;
 	req q;
-	keyparts kp = parts("body:/x", "body:/y", NULL);
+	key_from_cfg kp = parts("body:/x", "body:/y", NULL);
 	req_init(&q, NULL, "{\"x\":\"a\",\"y\":\"bc\"}", JSON_CT);
-	assert_int_equal(key_of(&kp, &q, &k1), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k1), KEY_FROM_OK);
 	req_init(&q, NULL, "{\"x\":\"ab\",\"y\":\"c\"}", JSON_CT);
-	assert_int_equal(key_of(&kp, &q, &k2), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k2), KEY_FROM_OK);
 	assert_string_not_equal(k1.key, k2.key);
 	/* A value that spells a netstring cannot shift the boundary. */
 	req_init(&q, NULL, "{\"x\":\"a,1:b\",\"y\":\"c\"}", JSON_CT);
-	assert_int_equal(key_of(&kp, &q, &k1), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k1), KEY_FROM_OK);
 	req_init(&q, NULL, "{\"x\":\"a\",\"y\":\"b,1:c\"}", JSON_CT);
-	assert_int_equal(key_of(&kp, &q, &k2), KEYPARTS_OK);
+	assert_int_equal(key_of(&kp, &q, &k2), KEY_FROM_OK);
 	assert_string_not_equal(k1.key, k2.key);
-	keyparts_free(&kp);
+	key_from_free(&kp);
 }
 
-static void expect(const keyparts *kp, req *q, enum keyparts_result want,
+static void expect(const key_from_cfg *kp, req *q, enum key_from_result want,
 		   const char *needle)
 {
-	keyparts_key k;
-	enum keyparts_result got = key_of(kp, q, &k);
+	key_from_key k;
+	enum key_from_result got = key_of(kp, q, &k);
 	if (got != want || !strstr(k.detail, needle))
 		fail_msg("got %d \"%s\", expected %d \"...%s...\"", got,
 			 k.detail, want, needle);
@@ -297,28 +297,28 @@ static void test_missing_and_invalid_parts(void **state)
 {
 	(void)state;
 	req q;
-	keyparts kp = parts("header:X-D", "body:/id", NULL);
+	key_from_cfg kp = parts("header:X-D", "body:/id", NULL);
 	req_init(&q, NULL, "{\"id\":\"1\"}", JSON_CT);
-	expect(&kp, &q, KEYPARTS_MISSING, "header:X-D is missing");
+	expect(&kp, &q, KEY_FROM_MISSING, "header:X-D is missing");
 	req_init(&q, NULL, "{\"other\":1}", JSON_CT);
 	hdr(&q, "X-D", "1");
-	expect(&kp, &q, KEYPARTS_MISSING, "body:/id is not in the body");
+	expect(&kp, &q, KEY_FROM_MISSING, "body:/id is not in the body");
 	q.r.body = "not json";
 	q.r.body_len = 8;
-	expect(&kp, &q, KEYPARTS_MISSING, "not valid JSON");
+	expect(&kp, &q, KEY_FROM_MISSING, "not valid JSON");
 	q.r.body = "{\"id\":1,\"id\":2}";
 	q.r.body_len = strlen(q.r.body);
-	expect(&kp, &q, KEYPARTS_MISSING, "not valid JSON");
+	expect(&kp, &q, KEY_FROM_MISSING, "not valid JSON");
 	/* A NUL is never JSON text (jansson skips one after a number, the
 	 * walker does not: the two must not disagree on what the body is). */
 	static const char with_nul[] = "{\"x\":0\0,\"id\":\"1\"}";
 	q.r.body = with_nul;
 	q.r.body_len = sizeof with_nul - 1;
-	expect(&kp, &q, KEYPARTS_MISSING, "not valid JSON");
+	expect(&kp, &q, KEY_FROM_MISSING, "not valid JSON");
 	q.r.body = "{\"id\":\"1\"}";
 	q.r.body_len = strlen(q.r.body);
 	q.r.content_type = "text/plain";
-	expect(&kp, &q, KEYPARTS_MISSING, "needs a JSON body");
+	expect(&kp, &q, KEY_FROM_MISSING, "needs a JSON body");
 	q.r.content_type = JSON_CT;
 	static const struct {
 		const char *body, *needle;
@@ -334,28 +334,28 @@ static void test_missing_and_invalid_parts(void **state)
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 		q.r.body = bad[i].body;
 		q.r.body_len = strlen(bad[i].body);
-		expect(&kp, &q, KEYPARTS_INVALID, bad[i].needle);
+		expect(&kp, &q, KEY_FROM_INVALID, bad[i].needle);
 	}
 	char big[400];
 	snprintf(big, sizeof big, "{\"id\":\"%0300d\"}", 0);
 	q.r.body = big;
 	q.r.body_len = strlen(big);
-	expect(&kp, &q, KEYPARTS_INVALID, "longer than 255");
+	expect(&kp, &q, KEY_FROM_INVALID, "longer than 255");
 	hdr(&q, "x-d", "2");
-	expect(&kp, &q, KEYPARTS_INVALID, "header:X-D is sent more than once");
+	expect(&kp, &q, KEY_FROM_INVALID, "header:X-D is sent more than once");
 	header_list_free(&q.h);
-	keyparts_free(&kp);
+	key_from_free(&kp);
 
 	kp = parts("query:k", NULL);
 	req_init(&q, "k=1&k=2", NULL, NULL);
-	expect(&kp, &q, KEYPARTS_INVALID, "more than once");
+	expect(&kp, &q, KEY_FROM_INVALID, "more than once");
 	req_init(&q, "k=%zz", NULL, NULL);
-	expect(&kp, &q, KEYPARTS_INVALID, "%-escape");
+	expect(&kp, &q, KEY_FROM_INVALID, "%-escape");
 	req_init(&q, "k=", NULL, NULL);
-	expect(&kp, &q, KEYPARTS_INVALID, "is empty");
+	expect(&kp, &q, KEY_FROM_INVALID, "is empty");
 	req_init(&q, "kk=1", NULL, NULL);
-	expect(&kp, &q, KEYPARTS_NONE, "query:k is missing");
-	keyparts_free(&kp);
+	expect(&kp, &q, KEY_FROM_NONE, "query:k is missing");
+	key_from_free(&kp);
 }
 
 /* Only a request without any part at all may pass an optional key by. */
@@ -363,37 +363,37 @@ static void test_none_only_when_no_part_is_there(void **state)
 {
 	(void)state;
 	req q;
-	keyparts kp = parts("header:X-D", "query:k", NULL);
+	key_from_cfg kp = parts("header:X-D", "query:k", NULL);
 	req_init(&q, "k=1", NULL, NULL);
-	expect(&kp, &q, KEYPARTS_MISSING, "header:X-D is missing");
+	expect(&kp, &q, KEY_FROM_MISSING, "header:X-D is missing");
 	req_init(&q, "", NULL, NULL);
-	expect(&kp, &q, KEYPARTS_NONE, "");
-	keyparts_free(&kp);
+	expect(&kp, &q, KEY_FROM_NONE, "");
+	key_from_free(&kp);
 }
 
 static void test_part_specs(void **state)
 {
 	(void)state;
-	keypart p;
+	key_part p;
 	char why[200];
-	assert_int_equal(keyparts_parse_part("cookie:x", &p, why, sizeof why),
+	assert_int_equal(key_from_parse_part("cookie:x", &p, why, sizeof why),
 			 -1);
 	assert_non_null(strstr(why, "must be \"header:NAME\""));
-	assert_int_equal(keyparts_parse_part("header:a b", &p, why, sizeof why),
+	assert_int_equal(key_from_parse_part("header:a b", &p, why, sizeof why),
 			 -1);
-	assert_int_equal(keyparts_parse_part("query:", &p, why, sizeof why),
+	assert_int_equal(key_from_parse_part("query:", &p, why, sizeof why),
 			 -1);
-	assert_int_equal(keyparts_parse_part("body:x", &p, why, sizeof why),
+	assert_int_equal(key_from_parse_part("body:x", &p, why, sizeof why),
 			 -1);
 	assert_non_null(strstr(why, "bad JSON pointer"));
-	keyparts kp = parts("header:A", NULL);
-	assert_int_equal(keyparts_parse_part("header:a", &p, why, sizeof why),
+	key_from_cfg kp = parts("header:A", NULL);
+	assert_int_equal(key_from_parse_part("header:a", &p, why, sizeof why),
 			 0);
-	assert_int_equal(keyparts_add(&kp, &p, why, sizeof why), -1);
+	assert_int_equal(key_from_add(&kp, &p, why, sizeof why), -1);
 	assert_non_null(strstr(why, "listed twice"));
-	assert_true(keyparts_uses_header(&kp, "a"));
-	assert_false(keyparts_uses_header(&kp, "b"));
-	keyparts_free(&kp);
+	assert_true(key_from_uses_header(&kp, "a"));
+	assert_false(key_from_uses_header(&kp, "b"));
+	key_from_free(&kp);
 }
 
 int main(void)

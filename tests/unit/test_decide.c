@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "idem.h"
+#include "decide.h"
 
 static config *cfg;
 
@@ -26,7 +26,7 @@ static const char CONF[] =
 
 static int setup(void **state)
 {
-	char path[] = "/tmp/idemproxy-idem-XXXXXX";
+	char path[] = "/tmp/idemproxy-decide-XXXXXX";
 	char err[512];
 	int fd = mkstemp(path);
 
@@ -49,7 +49,7 @@ static int teardown(void **state)
 }
 
 /* Plans POST path with headers given as name, value, ..., NULL. */
-static void plan(idem_plan *p, const char *path, ...)
+static void plan(request_plan *p, const char *path, ...)
 {
 	header_list h = {0};
 	va_list ap;
@@ -63,15 +63,15 @@ static void plan(idem_plan *p, const char *path, ...)
 		header_list_add(&h, n, strlen(n), v, strlen(v));
 	}
 	va_end(ap);
-	idem_request rq = {"POST", path, strlen(path), &h, "", 0, 0};
-	idem_plan_request(cfg, &rq, p);
+	decide_request rq = {"POST", path, strlen(path), &h, "", 0, 0};
+	decide_plan(cfg, &rq, p);
 	header_list_free(&h);
 }
 
 static void key_header_is(const char *key, const char *want)
 {
-	char out[IDEM_KEY_HEADER_MAX + 1];
-	idem_key_header(key, out);
+	char out[PLAN_KEY_HEADER_MAX + 1];
+	decide_key_header(key, out);
 	assert_string_equal(out, want);
 }
 
@@ -88,14 +88,14 @@ static void test_key_header(void **state)
 	key_header_is(" ", "\" \"");
 
 	/* The longest key, every character escaped, fits. */
-	char key[IDKEY_MAX + 1], want[IDEM_KEY_HEADER_MAX + 1];
-	memset(key, '"', IDKEY_MAX);
-	key[IDKEY_MAX] = '\0';
+	char key[KEY_LEN_MAX + 1], want[PLAN_KEY_HEADER_MAX + 1];
+	memset(key, '"', KEY_LEN_MAX);
+	key[KEY_LEN_MAX] = '\0';
 	want[0] = '"';
-	for (int i = 0; i < IDKEY_MAX; i++)
+	for (int i = 0; i < KEY_LEN_MAX; i++)
 		memcpy(want + 1 + 2 * i, "\\\"", 2);
-	want[IDEM_KEY_HEADER_MAX - 1] = '"';
-	want[IDEM_KEY_HEADER_MAX] = '\0';
+	want[PLAN_KEY_HEADER_MAX - 1] = '"';
+	want[PLAN_KEY_HEADER_MAX] = '\0';
 	key_header_is(key, want);
 }
 
@@ -110,15 +110,16 @@ static void test_key_header_round_trips(void **state)
 	};
 	(void)state;
 	for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
-		idem_plan p;
+		request_plan p;
 		plan(&p, "/v1/payments", "Idempotency-Key", spellings[i][0],
 		     NULL);
-		assert_int_equal(p.action, IDEM_CLAIM);
+		assert_int_equal(p.action, PLAN_CLAIM);
 		assert_string_equal(p.key_header, spellings[i][1]);
-		char back[IDKEY_MAX + 1];
+		char back[KEY_LEN_MAX + 1];
 		size_t n;
-		assert_int_equal(idkey_parse(p.key_header, strlen(p.key_header),
-					     back, &n, NULL),
+		assert_int_equal(key_header_parse(p.key_header,
+						  strlen(p.key_header),
+						  back, &n, NULL),
 				 0);
 		assert_string_equal(back, p.key);
 	}
@@ -126,18 +127,18 @@ static void test_key_header_round_trips(void **state)
 
 static void test_path_spellings(void **state)
 {
-	idem_plan p;
+	request_plan p;
 
 	(void)state;
 	plan(&p, "/v1/pay%6dents", NULL);
-	assert_int_equal(p.action, IDEM_REJECT);
+	assert_int_equal(p.action, PLAN_REJECT);
 	assert_string_equal(p.code, "idempotency_key_missing");
 	assert_string_equal(p.route->name, "pay");
 	plan(&p, "/v1/payments/", "Idempotency-Key", "k", NULL);
-	assert_int_equal(p.action, IDEM_CLAIM);
+	assert_int_equal(p.action, PLAN_CLAIM);
 	assert_string_equal(p.route->name, "pay");
 	plan(&p, "/v1/x/../payments", NULL);
-	assert_int_equal(p.action, IDEM_REJECT);
+	assert_int_equal(p.action, PLAN_REJECT);
 	assert_int_equal(p.status, 400);
 	assert_string_equal(p.code, "bad_request");
 	assert_null(p.route);
@@ -145,17 +146,17 @@ static void test_path_spellings(void **state)
 	assert_int_equal(p.status, 400);
 	assert_string_equal(p.code, "bad_request");
 	plan(&p, "/other", NULL);
-	assert_int_equal(p.action, IDEM_PASSTHROUGH);
+	assert_int_equal(p.action, PLAN_PASSTHROUGH);
 	assert_string_equal(p.route->name, "any");
 }
 
 static void canonical_is(const char *v, const char *want)
 {
-	ip_buf b = {0};
-	idem_canonical_credentials(v, &b);
+	growbuf b = {0};
+	decide_canonical_credentials(v, &b);
 	assert_int_equal(b.len, strlen(want));
 	assert_memory_equal(b.len ? b.data : "", want, b.len);
-	ip_buf_free(&b);
+	growbuf_free(&b);
 }
 
 static void test_canonical_credentials(void **state)
@@ -173,16 +174,16 @@ static void test_canonical_credentials(void **state)
 	canonical_is("", "");
 }
 
-static const char *tenant_of(idem_plan *p, const char *auth)
+static const char *tenant_of(request_plan *p, const char *auth)
 {
 	plan(p, "/auth", "Idempotency-Key", "k", "Authorization", auth, NULL);
-	assert_int_equal(p->action, IDEM_CLAIM);
+	assert_int_equal(p->action, PLAN_CLAIM);
 	return p->tenant;
 }
 
 static void test_authorization_tenant(void **state)
 {
-	idem_plan a, b;
+	request_plan a, b;
 
 	(void)state;
 	assert_string_equal(tenant_of(&a, "Bearer x"),
@@ -191,7 +192,7 @@ static void test_authorization_tenant(void **state)
 				tenant_of(&b, "Bearer X"));
 	plan(&a, "/auth", "Idempotency-Key", "k", "Authorization", "Bearer x",
 	     "Authorization", "Bearer y", NULL);
-	assert_int_equal(a.action, IDEM_REJECT);
+	assert_int_equal(a.action, PLAN_REJECT);
 	assert_int_equal(a.status, 400);
 	assert_string_equal(a.code, "bad_request");
 	plan(&a, "/auth", "Idempotency-Key", "k", "Authorization", "  ", NULL);
@@ -201,7 +202,7 @@ static void test_authorization_tenant(void **state)
 
 static void test_tenants_name_their_source(void **state)
 {
-	idem_plan p;
+	request_plan p;
 
 	(void)state;
 	plan(&p, "/v1/payments", "Idempotency-Key", "k", NULL);
@@ -224,7 +225,7 @@ static int64_t wait_for(bool wait_route, const char *prefer, int64_t *applied)
 	header_list h = {0};
 	if (prefer)
 		header_list_add(&h, "Prefer", 6, prefer, strlen(prefer));
-	int64_t ms = idem_wait_ms(&r, &h, applied);
+	int64_t ms = decide_wait_ms(&r, &h, applied);
 	header_list_free(&h);
 	return ms;
 }
@@ -258,17 +259,17 @@ static void test_issuer_escape(void **state)
 {
 	(void)state;
 	char out[64];
-	assert_int_equal(ip_pct_escape("https://id.example:8443/a%2Fb", out,
-				       sizeof out),
+	assert_int_equal(pct_escape("https://id.example:8443/a%2Fb", out,
+				    sizeof out),
 			 strlen("https%3A//id.example%3A8443/a%252Fb"));
 	assert_string_equal(out, "https%3A//id.example%3A8443/a%252Fb");
-	assert_int_equal(ip_pct_escape("a b\xc3\xa9", out, sizeof out), 11);
+	assert_int_equal(pct_escape("a b\xc3\xa9", out, sizeof out), 11);
 	assert_string_equal(out, "a%20b%C3%A9");
 	/* cut to the buffer, the whole length still returned */
 	char small[5];
-	assert_int_equal(ip_pct_escape("a:b:c", small, sizeof small), 9);
+	assert_int_equal(pct_escape("a:b:c", small, sizeof small), 9);
 	assert_string_equal(small, "a%3A");
-	assert_int_equal(ip_pct_escape("x:y", NULL, 0), 5);
+	assert_int_equal(pct_escape("x:y", NULL, 0), 5);
 }
 
 int main(void)

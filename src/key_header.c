@@ -4,7 +4,7 @@
  * cannot read in exactly one way is refused rather than normalised: two
  * clients must never reach the same record through different spellings
  * except the one equivalence the spec allows ("abc" == abc). */
-#include "idkey.h"
+#include "key_header.h"
 
 #include <stdbool.h>
 
@@ -47,7 +47,7 @@ static bool is_key_char(unsigned char c)
 }
 
 /* Parses an sf-string starting at s[*pos] == '"'. With out != NULL the
- * unquoted bytes are stored (at most IDKEY_MAX); parameters reuse this
+ * unquoted bytes are stored (at most KEY_LEN_MAX); parameters reuse this
  * with out == NULL to skip a quoted value. */
 static int parse_sf_string(const char *s, size_t len, size_t *pos, char *out,
 			   size_t *out_len, const char **why)
@@ -79,7 +79,7 @@ static int parse_sf_string(const char *s, size_t len, size_t *pos, char *out,
 			}
 		}
 		if (out) {
-			if (n >= IDKEY_MAX) {
+			if (n >= KEY_LEN_MAX) {
 				*why = WHY_LONG;
 				return -1;
 			}
@@ -189,7 +189,7 @@ static int parse_bare(const char *s, size_t len, char *out, size_t *out_len,
 			*why = WHY_BARE_CHAR;
 			return -1;
 		}
-		if (i >= IDKEY_MAX) {
+		if (i >= KEY_LEN_MAX) {
 			*why = WHY_LONG;
 			return -1;
 		}
@@ -200,8 +200,8 @@ static int parse_bare(const char *s, size_t len, char *out, size_t *out_len,
 	return 0;
 }
 
-int idkey_parse(const char *value, size_t len, char out[IDKEY_MAX + 1],
-		size_t *out_len, const char **why)
+int key_header_parse(const char *value, size_t len, char out[KEY_LEN_MAX + 1],
+		     size_t *out_len, const char **why)
 {
 	const char *dummy;
 

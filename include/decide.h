@@ -1,50 +1,50 @@
 /* The idempotency decision (SPEC 3.2, 3.4), without I/O: which route, whether
  * a request needs a claim, how a claim result and an upstream outcome turn
  * into a record and an answer. */
-#ifndef IDEMPROXY_IDEM_H
-#define IDEMPROXY_IDEM_H
+#ifndef IDEMPROXY_DECIDE_H
+#define IDEMPROXY_DECIDE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "config.h"
-#include "idkey.h"
+#include "key_header.h"
 #include "job.h"
 
-enum idem_action {
-	IDEM_REJECT,      /* answer with a problem; nothing is written */
-	IDEM_PASSTHROUGH, /* forward without protection */
-	IDEM_CLAIM,       /* claim the key, then forward / replay / refuse */
+enum plan_action {
+	PLAN_REJECT,      /* answer with a problem; nothing is written */
+	PLAN_PASSTHROUGH, /* forward without protection */
+	PLAN_CLAIM,       /* claim the key, then forward / replay / refuse */
 };
 
-#define IDEM_TENANT_MAX 255
-#define IDEM_JWT_ISSUER_MAX ROUTE_JWT_ISSUER_MAX
+#define PLAN_TENANT_MAX 255
+#define PLAN_JWT_ISSUER_MAX ROUTE_JWT_ISSUER_MAX
 /* The stored tenant names its source: "NAME" for static:NAME (no ':'),
  * "header:VALUE", "authorization:HEX", "jwt:ISSUER:VALUE" (ISSUER escaped
- * by ip_pct_escape, so the first ':' after it ends it). */
-#define IDEM_TENANT_STORED_MAX (IDEM_TENANT_MAX + IDEM_JWT_ISSUER_MAX + 16)
+ * by pct_escape, so the first ':' after it ends it). */
+#define PLAN_TENANT_STORED_MAX (PLAN_TENANT_MAX + PLAN_JWT_ISSUER_MAX + 16)
 /* A quoted key with every character escaped. */
-#define IDEM_KEY_HEADER_MAX (2 * IDKEY_MAX + 2)
+#define PLAN_KEY_HEADER_MAX (2 * KEY_LEN_MAX + 2)
 
-typedef struct idem_plan {
-	enum idem_action action;
+typedef struct request_plan {
+	enum plan_action action;
 	const route_cfg *route;   /* NULL when no route matched */
-	/* IDEM_REJECT */
+	/* PLAN_REJECT */
 	int status;
 	const char *code;
 	const char *outcome;      /* the metrics outcome */
 	char detail[240];
-	/* IDEM_CLAIM */
+	/* PLAN_CLAIM */
 	/* The record's key: the Idempotency-Key header's key, or the parts of
-	 * key_from joined (keyparts.h). */
-	char key[KEYPARTS_KEY_MAX + 1];
+	 * key_from joined (key_from.h). */
+	char key[KEY_FROM_KEY_MAX + 1];
 	/* What the upstream gets as Idempotency-Key when that header is a key
 	 * part; "" when it is not (the header, if any, is forwarded as sent). */
-	char key_header[IDEM_KEY_HEADER_MAX + 1];
-	char tenant[IDEM_TENANT_STORED_MAX + 1];
-} idem_plan;
+	char key_header[PLAN_KEY_HEADER_MAX + 1];
+	char tenant[PLAN_TENANT_STORED_MAX + 1];
+} request_plan;
 
-typedef struct idem_request {
+typedef struct decide_request {
 	const char *method;
 	const char *target;     /* raw path and query, NUL-terminated */
 	size_t path_len;        /* the path part of target */
@@ -52,25 +52,25 @@ typedef struct idem_request {
 	const char *body;       /* for body: key parts */
 	size_t body_len;
 	int64_t now_ms;         /* Unix time, for JWT exp and nbf */
-} idem_request;
+} decide_request;
 
 /* Steps 1-2 of SPEC 3.2: route, method, key and tenant. */
-void idem_plan_request(const config *cfg, const idem_request *rq,
-		       idem_plan *out);
+void decide_plan(const config *cfg, const decide_request *rq,
+		 request_plan *out);
 
 /* The one spelling of key forwarded upstream on every attempt, however the
  * client wrote it: the bare form when the key is a valid bare value, else an
- * sf-string with '"' and '\\' escaped. out holds IDEM_KEY_HEADER_MAX + 1. */
-void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1]);
+ * sf-string with '"' and '\\' escaped. out holds PLAN_KEY_HEADER_MAX + 1. */
+void decide_key_header(const char *key, char out[PLAN_KEY_HEADER_MAX + 1]);
 
 /* The form of an Authorization value that names its tenant: surrounding
  * whitespace removed, the scheme case-folded (first letter upper case, the
  * rest lower: "bearer" and "BEARER" are "Bearer"), one space before the
  * credentials, which stay as they are (they are case-sensitive). Appended to
  * out; empty for a value that is only whitespace. */
-void idem_canonical_credentials(const char *value, ip_buf *out);
+void decide_canonical_credentials(const char *value, growbuf *out);
 
-enum idem_record {
+enum decide_record {
 	REC_COMPLETE,     /* completed: replay later */
 	REC_RELEASE,      /* released: a retry forwards again */
 	REC_LEAVE,        /* outcome unknown: leave processing (lease rules) */
@@ -78,8 +78,8 @@ enum idem_record {
 
 /* How an upstream outcome is recorded (SPEC 3.4). got_response false means
  * nothing was sent when sent is false, or the outcome is unknown. */
-enum idem_record idem_record_for(const route_cfg *r, bool got_response,
-				 bool sent, int status);
+enum decide_record decide_record_for(const route_cfg *r, bool got_response,
+				     bool sent, int status);
 
 /* How long a duplicate that finds its key in flight may wait for the
  * original's answer (ms; 0: answered 409 at once): the route's wait_max on
@@ -87,17 +87,17 @@ enum idem_record idem_record_for(const route_cfg *r, bool got_response,
  * `Prefer: wait=N` (RFC 7240), on any route, capped by wait_max. *applied_s
  * is the N for `Preference-Applied: wait=N`, or -1 when the request asked
  * for no wait (or its wait= did not parse). */
-int64_t idem_wait_ms(const route_cfg *r, const header_list *h,
-		     int64_t *applied_s);
+int64_t decide_wait_ms(const route_cfg *r, const header_list *h,
+		       int64_t *applied_s);
 
 /* Retry-After seconds for a duration in ms: rounded up, at least 1. */
-int64_t idem_retry_after_s(int64_t ms);
+int64_t decide_retry_after_s(int64_t ms);
 
 /* The stored form of the replayable headers: "Name: value\r\n" for each
  * response header named in the route's replay_headers. */
-void idem_encode_replay_headers(const route_cfg *r, const header_list *h,
-				ip_buf *out);
+void decide_encode_replay_headers(const route_cfg *r, const header_list *h,
+				  growbuf *out);
 /* And back. Lines that do not parse are skipped. */
-void idem_decode_replay_headers(const char *s, size_t len, header_list *out);
+void decide_decode_replay_headers(const char *s, size_t len, header_list *out);
 
 #endif

@@ -1,4 +1,4 @@
-#include "idem.h"
+#include "decide.h"
 
 #include <ctype.h>
 #include <openssl/sha.h>
@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void reject(idem_plan *p, int status, const char *code,
+static void reject(request_plan *p, int status, const char *code,
 		   const char *outcome, const char *detail)
 {
-	p->action = IDEM_REJECT;
+	p->action = PLAN_REJECT;
 	p->status = status;
 	p->code = code;
 	p->outcome = outcome;
@@ -19,7 +19,7 @@ static void reject(idem_plan *p, int status, const char *code,
 static bool tenant_value_ok(const char *v)
 {
 	size_t n = strlen(v);
-	if (n == 0 || n > IDEM_TENANT_MAX)
+	if (n == 0 || n > PLAN_TENANT_MAX)
 		return false;
 	for (size_t i = 0; i < n; i++)
 		if ((unsigned char)v[i] < 0x21 || (unsigned char)v[i] > 0x7e)
@@ -32,7 +32,7 @@ static bool is_ows(char c)
 	return c == ' ' || c == '\t';
 }
 
-void idem_canonical_credentials(const char *v, ip_buf *out)
+void decide_canonical_credentials(const char *v, growbuf *out)
 {
 	const char *end = v + strlen(v);
 	while (v < end && is_ows(*v))
@@ -48,13 +48,13 @@ void idem_canonical_credentials(const char *v, ip_buf *out)
 	for (const char *c = v; c < sp; c++) {
 		char ch = (char)(c == v ? toupper((unsigned char)*c)
 					: tolower((unsigned char)*c));
-		ip_buf_append(out, &ch, 1);
+		growbuf_append(out, &ch, 1);
 	}
 	while (sp < end && is_ows(*sp))
 		sp++;
 	if (sp < end) {
-		ip_buf_append(out, " ", 1);
-		ip_buf_append(out, sp, (size_t)(end - sp));
+		growbuf_append(out, " ", 1);
+		growbuf_append(out, sp, (size_t)(end - sp));
 	}
 }
 
@@ -63,7 +63,7 @@ void idem_canonical_credentials(const char *v, ip_buf *out)
  * iss, which must be that one). The token itself is neither stored nor put
  * in any message. */
 static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
-			    int64_t now_ms, idem_plan *p)
+			    int64_t now_ms, request_plan *p)
 {
 	if (header_list_count(h, "Authorization") > 1) {
 		reject(p, 400, "bad_request", "rejected",
@@ -71,21 +71,21 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 		return false;
 	}
 	const char *auth = header_list_get(h, "Authorization");
-	ip_buf cred = {0};
+	growbuf cred = {0};
 	if (auth)
-		idem_canonical_credentials(auth, &cred);
+		decide_canonical_credentials(auth, &cred);
 	if (cred.len <= 7 || strncmp(cred.data, "Bearer ", 7) != 0) {
-		ip_buf_free(&cred);
+		growbuf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
 		       "this route needs an Authorization: Bearer JWT header");
 		return false;
 	}
-	char value[IDEM_TENANT_MAX + 1], detail[160];
+	char value[PLAN_TENANT_MAX + 1], detail[160];
 	enum jwt_result jr =
 		jwt_verify(r->jwt, cred.data + 7, cred.len - 7, now_ms,
 			   r->tenant_arg, value, sizeof value, detail,
 			   sizeof detail);
-	ip_buf_free(&cred);
+	growbuf_free(&cred);
 	if (jr == JWT_INVALID) {
 		reject(p, 401, "credentials_invalid", "rejected", detail);
 		return false;
@@ -96,8 +96,8 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 	}
 	/* Scoped by the issuer: after the route's issuer changes, a subject
 	 * of the new one is never the old one's namesake. */
-	char iss[IDEM_JWT_ISSUER_MAX + 1];
-	ip_pct_escape(r->jwt->issuer, iss, sizeof iss);
+	char iss[PLAN_JWT_ISSUER_MAX + 1];
+	pct_escape(r->jwt->issuer, iss, sizeof iss);
 	snprintf(p->tenant, sizeof p->tenant, "jwt:%s:%s", iss, value);
 	return true;
 }
@@ -109,7 +109,7 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
  * cannot contain ':', the others with a "header:" or "authorization:"
  * prefix. */
 static bool plan_tenant(const route_cfg *r, const header_list *h,
-			int64_t now_ms, idem_plan *p)
+			int64_t now_ms, request_plan *p)
 {
 	if (r->tenant_kind == TENANT_STATIC) {
 		snprintf(p->tenant, sizeof p->tenant, "%s", r->tenant_arg);
@@ -147,11 +147,11 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 		return false;
 	}
 	const char *auth = header_list_get(h, "Authorization");
-	ip_buf cred = {0};
+	growbuf cred = {0};
 	if (auth)
-		idem_canonical_credentials(auth, &cred);
+		decide_canonical_credentials(auth, &cred);
 	if (cred.len == 0) {
-		ip_buf_free(&cred);
+		growbuf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
 		       "this route needs an Authorization header");
 		return false;
@@ -159,14 +159,14 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 	/* Each credential is its own scope; only its hash is ever stored. */
 	uint8_t md[SHA256_DIGEST_LENGTH];
 	SHA256((const unsigned char *)cred.data, cred.len, md);
-	ip_buf_free(&cred);
+	growbuf_free(&cred);
 	char hex[2 * SHA256_DIGEST_LENGTH + 1];
-	ip_hex(md, sizeof md, hex);
+	hex_encode(md, sizeof md, hex);
 	snprintf(p->tenant, sizeof p->tenant, "authorization:%s", hex);
 	return true;
 }
 
-/* What idkey_parse accepts unquoted. */
+/* What key_header_parse accepts unquoted. */
 static bool key_is_bare(const char *k)
 {
 	for (const char *c = k; *c; c++)
@@ -176,15 +176,15 @@ static bool key_is_bare(const char *k)
 	return k[0] != '\0';
 }
 
-void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1])
+void decide_key_header(const char *key, char out[PLAN_KEY_HEADER_MAX + 1])
 {
 	size_t o = 0;
 	if (key_is_bare(key)) {
-		snprintf(out, IDEM_KEY_HEADER_MAX + 1, "%s", key);
+		snprintf(out, PLAN_KEY_HEADER_MAX + 1, "%s", key);
 		return;
 	}
 	out[o++] = '"';
-	for (const char *c = key; *c && o + 2 < IDEM_KEY_HEADER_MAX; c++) {
+	for (const char *c = key; *c && o + 2 < PLAN_KEY_HEADER_MAX; c++) {
 		if (*c == '"' || *c == '\\')
 			out[o++] = '\\';
 		out[o++] = *c;
@@ -195,11 +195,11 @@ void idem_key_header(const char *key, char out[IDEM_KEY_HEADER_MAX + 1])
 
 /* Fills p->key (and p->key_header), or rejects, or passes an optional
  * key's request through. Returns true when the plan goes on. */
-static bool plan_key(const route_cfg *r, const idem_request *rq,
-		     idem_plan *p)
+static bool plan_key(const route_cfg *r, const decide_request *rq,
+		     request_plan *p)
 {
 	const char *q = rq->target + rq->path_len;
-	keyparts_request kr = {
+	key_from_request kr = {
 		.headers = rq->headers,
 		.query = *q == '?' ? q + 1 : NULL,
 		.query_len = *q == '?' ? strlen(q + 1) : 0,
@@ -207,33 +207,33 @@ static bool plan_key(const route_cfg *r, const idem_request *rq,
 		.body = rq->body,
 		.body_len = rq->body_len,
 	};
-	keyparts_key *k = xmalloc(sizeof *k);
-	enum keyparts_result res = keyparts_key_of(&r->key_from, &kr, k);
+	key_from_key *k = xmalloc(sizeof *k);
+	enum key_from_result res = key_from_key_of(&r->key_from, &kr, k);
 	bool go = false;
-	if (res == KEYPARTS_NONE && !r->key_required) {
-		p->action = IDEM_PASSTHROUGH;
+	if (res == KEY_FROM_NONE && !r->key_required) {
+		p->action = PLAN_PASSTHROUGH;
 		p->outcome = "passthrough";
-	} else if (res == KEYPARTS_NONE && r->key_from.bare) {
+	} else if (res == KEY_FROM_NONE && r->key_from.bare) {
 		reject(p, 400, "idempotency_key_missing", "key_missing",
 		       "this operation needs an Idempotency-Key header");
-	} else if (res == KEYPARTS_NONE || res == KEYPARTS_MISSING) {
+	} else if (res == KEY_FROM_NONE || res == KEY_FROM_MISSING) {
 		reject(p, 400, "idempotency_key_missing", "key_missing",
 		       k->detail);
-	} else if (res == KEYPARTS_INVALID) {
+	} else if (res == KEY_FROM_INVALID) {
 		reject(p, 400, "idempotency_key_invalid", "key_invalid",
 		       k->detail);
 	} else {
 		snprintf(p->key, sizeof p->key, "%s", k->key);
-		if (k->idkey[0])
-			idem_key_header(k->idkey, p->key_header);
+		if (k->header_key[0])
+			decide_key_header(k->header_key, p->key_header);
 		go = true;
 	}
 	free(k);
 	return go;
 }
 
-void idem_plan_request(const config *cfg, const idem_request *rq,
-		       idem_plan *p)
+void decide_plan(const config *cfg, const decide_request *rq,
+		 request_plan *p)
 {
 	memset(p, 0, sizeof *p);
 	/* Routed on the normalised path, forwarded as sent: every spelling of
@@ -259,7 +259,7 @@ void idem_plan_request(const config *cfg, const idem_request *rq,
 		return;
 	}
 	if (!route_has_method(r, rq->method)) {
-		p->action = IDEM_PASSTHROUGH;
+		p->action = PLAN_PASSTHROUGH;
 		p->outcome = "passthrough";
 		return;
 	}
@@ -267,19 +267,19 @@ void idem_plan_request(const config *cfg, const idem_request *rq,
 		return;
 	if (!plan_tenant(r, rq->headers, rq->now_ms, p))
 		return;
-	p->action = IDEM_CLAIM;
+	p->action = PLAN_CLAIM;
 	p->outcome = NULL;
 }
 
-enum idem_record idem_record_for(const route_cfg *r, bool got_response,
-				 bool sent, int status)
+enum decide_record decide_record_for(const route_cfg *r, bool got_response,
+				     bool sent, int status)
 {
 	if (!got_response)
 		return sent ? REC_LEAVE : REC_RELEASE;
 	return route_releases_status(r, status) ? REC_RELEASE : REC_COMPLETE;
 }
 
-int64_t idem_retry_after_s(int64_t ms)
+int64_t decide_retry_after_s(int64_t ms)
 {
 	int64_t s = (ms + 999) / 1000;
 	return s < 1 ? 1 : s;
@@ -288,31 +288,31 @@ int64_t idem_retry_after_s(int64_t ms)
 static bool is_replay_header(const route_cfg *r, const char *name)
 {
 	for (size_t i = 0; i < r->replay_headers.n; i++)
-		if (ip_strcaseeq(name, r->replay_headers.v[i]))
+		if (str_caseeq(name, r->replay_headers.v[i]))
 			return true;
 	return false;
 }
 
-void idem_encode_replay_headers(const route_cfg *r, const header_list *h,
-				ip_buf *out)
+void decide_encode_replay_headers(const route_cfg *r, const header_list *h,
+				  growbuf *out)
 {
 	for (size_t i = 0; i < h->n; i++) {
 		const http_header *x = &h->v[i];
 		/* Set-Cookie and Date are never replayed, whatever the conf
 		 * says (the loader refuses them too); the content coding is
 		 * part of the body and always goes with it. */
-		if (ip_strcaseeq(x->name, "Set-Cookie") ||
-		    ip_strcaseeq(x->name, "Date") ||
+		if (str_caseeq(x->name, "Set-Cookie") ||
+		    str_caseeq(x->name, "Date") ||
 		    (!is_replay_header(r, x->name) &&
-		     !ip_strcaseeq(x->name, "Content-Encoding")))
+		     !str_caseeq(x->name, "Content-Encoding")))
 			continue;
 		if (strpbrk(x->value, "\r\n"))
 			continue;
-		ip_buf_printf(out, "%s: %s\r\n", x->name, x->value);
+		growbuf_printf(out, "%s: %s\r\n", x->name, x->value);
 	}
 }
 
-void idem_decode_replay_headers(const char *s, size_t len, header_list *out)
+void decide_decode_replay_headers(const char *s, size_t len, header_list *out)
 {
 	const char *end = s + len;
 	while (s < end) {
@@ -339,7 +339,7 @@ void idem_decode_replay_headers(const char *s, size_t len, header_list *out)
 static int64_t prefer_wait_s(const header_list *h)
 {
 	for (size_t i = 0; i < h->n; i++) {
-		if (!ip_strcaseeq(h->v[i].name, "Prefer"))
+		if (!str_caseeq(h->v[i].name, "Prefer"))
 			continue;
 		const char *p = h->v[i].value;
 		while (*p) {
@@ -350,7 +350,7 @@ static int64_t prefer_wait_s(const header_list *h)
 			       *p != ' ' && *p != '\t')
 				p++;
 			bool is_wait = p - name == 4 &&
-				       ip_strncaseeq(name, "wait", 4);
+				       str_ncaseeq(name, "wait", 4);
 			while (*p == ' ' || *p == '\t')
 				p++;
 			if (is_wait && *p == '=') {
@@ -385,8 +385,8 @@ static int64_t prefer_wait_s(const header_list *h)
 	return -1;
 }
 
-int64_t idem_wait_ms(const route_cfg *r, const header_list *h,
-		     int64_t *applied_s)
+int64_t decide_wait_ms(const route_cfg *r, const header_list *h,
+		       int64_t *applied_s)
 {
 	int64_t asked = prefer_wait_s(h);
 	*applied_s = -1;
