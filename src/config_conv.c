@@ -280,17 +280,27 @@ int cfg_conv_string(const cfg_opt *o, const config_setting_t *s, void *base,
 	return 0;
 }
 
-int cfg_conv_int(const cfg_opt *o, const config_setting_t *s, void *base,
-		 char *why, size_t whylen)
+/* An integer setting within the option's bounds, into *v. */
+static int int_in_range(const cfg_opt *o, const config_setting_t *s,
+			long long *v, char *why, size_t whylen)
 {
 	if (!cfg_is_int(s))
 		return cfg_why(why, whylen, "must be an integer, not %s",
 			       cfg_type_name(s));
-	long long v = config_setting_get_int64(s);
-	if (v < o->min || v > o->max)
+	*v = config_setting_get_int64(s);
+	if (*v < o->min || *v > o->max)
 		return cfg_why(why, whylen,
-			       "%lld is out of range %" PRId64 "..%" PRId64, v,
+			       "%lld is out of range %" PRId64 "..%" PRId64, *v,
 			       o->min, o->max);
+	return 0;
+}
+
+int cfg_conv_int(const cfg_opt *o, const config_setting_t *s, void *base,
+		 char *why, size_t whylen)
+{
+	long long v = 0;
+	if (int_in_range(o, s, &v, why, whylen) < 0)
+		return -1;
 	*CFG_DST(o, base, int) = (int)v;
 	return 0;
 }
@@ -298,14 +308,9 @@ int cfg_conv_int(const cfg_opt *o, const config_setting_t *s, void *base,
 int cfg_conv_int64(const cfg_opt *o, const config_setting_t *s, void *base,
 		   char *why, size_t whylen)
 {
-	if (!cfg_is_int(s))
-		return cfg_why(why, whylen, "must be an integer, not %s",
-			       cfg_type_name(s));
-	long long v = config_setting_get_int64(s);
-	if (v < o->min || v > o->max)
-		return cfg_why(why, whylen,
-			       "%lld is out of range %" PRId64 "..%" PRId64, v,
-			       o->min, o->max);
+	long long v = 0;
+	if (int_in_range(o, s, &v, why, whylen) < 0)
+		return -1;
 	*CFG_DST(o, base, int64_t) = (int64_t)v;
 	return 0;
 }

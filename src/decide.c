@@ -58,12 +58,10 @@ void decide_canonical_credentials(const char *v, growbuf *out)
 	}
 }
 
-/* A jwt: tenant is a claim of the bearer token, once the token is verified
- * against the route's keys, stored with the route's issuer (the token's
- * iss, which must be that one). The token itself is neither stored nor put
- * in any message. */
-static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
-			    int64_t now_ms, request_plan *p)
+/* The request's one Authorization header, canonical, into cred (empty
+ * when there is none); false (rejected) when it sends more than one. */
+static bool one_credential(const header_list *h, request_plan *p,
+			   growbuf *cred)
 {
 	if (header_list_count(h, "Authorization") > 1) {
 		reject(p, 400, "bad_request", "rejected",
@@ -71,9 +69,21 @@ static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
 		return false;
 	}
 	const char *auth = header_list_get(h, "Authorization");
-	growbuf cred = {0};
 	if (auth)
-		decide_canonical_credentials(auth, &cred);
+		decide_canonical_credentials(auth, cred);
+	return true;
+}
+
+/* A jwt: tenant is a claim of the bearer token, once the token is verified
+ * against the route's keys, stored with the route's issuer (the token's
+ * iss, which must be that one). The token itself is neither stored nor put
+ * in any message. */
+static bool plan_jwt_tenant(const route_cfg *r, const header_list *h,
+			    int64_t now_ms, request_plan *p)
+{
+	growbuf cred = {0};
+	if (!one_credential(h, p, &cred))
+		return false;
 	if (cred.len <= 7 || strncmp(cred.data, "Bearer ", 7) != 0) {
 		growbuf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
@@ -141,15 +151,9 @@ static bool plan_tenant(const route_cfg *r, const header_list *h,
 		return plan_jwt_tenant(r, h, now_ms, p);
 	/* The upstream authenticates with every Authorization it gets: the
 	 * tenant must come from the only one there is. */
-	if (header_list_count(h, "Authorization") > 1) {
-		reject(p, 400, "bad_request", "rejected",
-		       "send exactly one Authorization header");
-		return false;
-	}
-	const char *auth = header_list_get(h, "Authorization");
 	growbuf cred = {0};
-	if (auth)
-		decide_canonical_credentials(auth, &cred);
+	if (!one_credential(h, p, &cred))
+		return false;
 	if (cred.len == 0) {
 		growbuf_free(&cred);
 		reject(p, 401, "credentials_missing", "rejected",
