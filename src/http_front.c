@@ -589,7 +589,8 @@ static int64_t daemon_timeout(void *arg)
 /* libmicrohttpd's own messages (MHD_USE_ERROR_LOG) would go to stderr
  * with fprintf, on the serving thread: through the log's buffer instead,
  * so a reader that stops reading cannot block the loop (log.h). */
-static void mhd_log(void *cls, const char *fmt, va_list ap)
+__attribute__((format(printf, 2, 0))) static void
+mhd_log(void *cls, const char *fmt, va_list ap)
 {
 	char msg[512];
 	vsnprintf(msg, sizeof msg, fmt, ap);
