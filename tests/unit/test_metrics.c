@@ -49,6 +49,7 @@ static void test_reading_follows_its_binding(void **state)
 	assert_false(metrics_read("test_queued", &v));
 	assert_true(rendered("test_queued{kind=\"a\"} 0\n"));
 	assert_true(rendered("test_queued{kind=\"b\"} 3\n"));
+	metrics_reading_unbind(b); /* other goes with this frame */
 }
 
 /* Seal counts are copied: the caller's ids may go once the call returns. */
