@@ -8,4 +8,5 @@ exec "$(dirname "$0")/apt-install.sh" \
 	libpq-dev libjansson-dev libssl-dev libconfig-dev libcmocka-dev zlib1g-dev libjose-dev libjemalloc-dev \
 	postgresql postgresql-contrib \
 	python3 python3-pytest python3-psycopg python3-requests python3-yaml python3-jwt python3-cryptography curl procps \
-	clang libclang-rt-14-dev clang-format prometheus systemd
+	clang libclang-rt-14-dev clang-format prometheus systemd \
+	iproute2 nftables faketime
