@@ -10,3 +10,11 @@ $(BUILD)/slow_resolver.so: tests/shim/slow_resolver.c | $(BUILD)
 
 .PHONY: shim
 shim: $(BUILD)/slow_resolver.so
+
+# The proxy linked with glibc's malloc instead of $(MALLOC), for the tests
+# that preload libfaketime (tests/integration/test_clock_skew.py): at start
+# libfaketime 0.9.10 and jemalloc call into each other until libfaketime
+# gives up (jemalloc's first clock read enters libfaketime's set-up, whose
+# failed symbol look-ups allocate).
+$(BUILD)/idemproxy-glibc-malloc: $(OBJS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(filter-out -l$(MALLOC),$(LDLIBS))

@@ -274,7 +274,8 @@ def default_routes(upstream):
 
 
 class Proxy:
-    def __init__(self, conf_path, log_path, port, admin_port, env):
+    def __init__(self, conf_path, log_path, port, admin_port, env, binary=None):
+        self.binary = binary or BINARY
         self.conf_path = conf_path
         self.log_path = log_path
         self.port = port
@@ -307,7 +308,7 @@ class Proxy:
 
     def start(self, wait_ready=True):
         logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([BINARY, "-c", self.conf_path], stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen([self.binary, "-c", self.conf_path], stdin=subprocess.DEVNULL,
                                      stdout=logf, stderr=logf, env=self.env,
                                      preexec_fn=_die_with_parent)
         logf.close()
@@ -394,17 +395,17 @@ def binary():
 @pytest.fixture
 def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts while pg sets up
     """make_proxy(routes=None, route_overrides=None, defaults=None, top=None,
-    migrate=True, start=True, wait_ready=True, env=None) -> Proxy.
+    migrate=True, start=True, wait_ready=True, env=None, binary=None) -> Proxy.
 
     routes replaces the default route list ("{stub}" in an upstream is the
     stub's URL); route_overrides maps a route name to settings merged into
     it; defaults becomes the defaults group; top overrides top-level
-    settings (None deletes one)."""
+    settings (None deletes one); binary runs another build of the proxy."""
     proxies = []
     seq = itertools.count(1)
 
     def factory(routes=None, route_overrides=None, defaults=None, top=None,
-                migrate=True, start=True, wait_ready=True, env=None):
+                migrate=True, start=True, wait_ready=True, env=None, binary=None):
         n = next(seq)
         port = free_port()
         admin_port = free_port()
@@ -462,7 +463,7 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
         run_env.pop("IDEMPROXY_LISTEN", None)
         run_env.update(env or {})
         p = Proxy(conf_path, os.path.join(str(tmp_path), "idemproxy-%d.log" % n), port,
-                  admin_port, run_env)
+                  admin_port, run_env, binary)
         if migrate:
             r = run_binary(["-c", conf_path, "--migrate"], env=run_env)
             assert r.returncode == 0, "--migrate failed (%d):\n%s%s" % (

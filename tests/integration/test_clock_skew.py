@@ -1,0 +1,131 @@
+"""A proxy whose wall clock is off by more than a lease (libfaketime, ahead
+and behind) beside one whose clock is right, on the same database: leases
+and expiry follow the database's clock, so neither proxy takes a key in
+flight over early nor replays a record the database has expired."""
+import datetime
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT
+from helpers import is_replay, new_key, wait_until
+from store_support import pay
+
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+# The skewed proxies are this tree's objects linked with glibc's malloc:
+# libfaketime 0.9.10 and jemalloc call into each other at start until
+# libfaketime gives up (mk/shim.mk). The clock code under test is the same.
+GLIBC_MALLOC_BIN = os.path.join(ROOT, "build", "idemproxy-glibc-malloc")
+SKEW = 10  # seconds: more than LEASE and more than TTL
+LEASE = "3s"
+TTL = "4s"
+ROUTES = {"create_payment": {"lease": LEASE, "ttl": TTL,
+                             "upstream_timeout": "2s"}}
+# A cached replay would be trusted this long if its deadline were not the
+# record's expiry.
+TOP = {"replay_cache_ttl": "1m"}
+
+
+def faketime_env(seconds):
+    """The proxy's wall clock (CLOCK_REALTIME, gettimeofday, time) moved
+    by seconds; its monotonic clock left alone, as a clock set wrong or a
+    broken NTP leaves it."""
+    return {"LD_PRELOAD": LIBFAKETIME,
+            "FAKETIME": "%+ds" % seconds,
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+@pytest.fixture(scope="module")
+def skewable():
+    subprocess.run(["make", "-s", "build/idemproxy-glibc-malloc"], cwd=ROOT,
+                   check=True, timeout=300)
+    return GLIBC_MALLOC_BIN
+
+
+def clock_of(proxy):
+    """How far the proxy's wall clock is from ours, by the time on its
+    first log line (written at start, a moment ago)."""
+    first = json.loads(proxy.log().splitlines()[0])
+    logged = datetime.datetime.strptime(first["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    logged = logged.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return logged - time.time()
+
+
+def three_proxies(make_proxy, binary):
+    """Right, ahead by SKEW, behind by SKEW."""
+    plain = make_proxy(route_overrides=ROUTES, top=TOP)
+    ahead, behind = (make_proxy(route_overrides=ROUTES, top=TOP, migrate=False,
+                                env=faketime_env(s), binary=binary)
+                     for s in (SKEW, -SKEW))
+    # libfaketime took: each clock is off by about its skew (the few
+    # seconds allowed are start-up, far less than SKEW)
+    for p, s in ((plain, 0), (ahead, SKEW), (behind, -SKEW)):
+        assert abs(clock_of(p) - s) < SKEW / 2, (p.log_path, clock_of(p))
+    return plain, ahead, behind
+
+
+def test_a_key_in_flight_is_not_taken_over_by_a_skewed_proxy(make_proxy, stub, skewable):
+    """The first attempt holds the key on one proxy while a duplicate goes
+    to another whose clock differs by more than the lease: the lease is
+    the database's, so the duplicate is refused, not forwarded."""
+    proxies = three_proxies(make_proxy, skewable)
+    pairs = [(a, b) for a in proxies for b in proxies if a is not b]
+    for first, second in pairs:
+        key = new_key()
+        stub.configure({"key": key, "gate": key, "times": 1}, append=True)
+        sent = {}
+
+        def send(p=first, k=key):
+            sent["r"] = pay(p, k)
+        t = threading.Thread(target=send)
+        t.start()
+        stub.wait_for(1, key=key)
+        dup = pay(second, key)
+        stub.release(key)
+        t.join()
+        assert sent["r"].status_code == 201 and not is_replay(sent["r"])
+        assert dup.status_code == 409, (dup.status_code, dup.text)
+        assert dup.json()["code"] == "idempotency_key_in_use"
+        assert stub.count(key=key) == 1
+
+
+def test_expiry_is_the_databases_on_a_skewed_proxy(make_proxy, stub, pg, skewable):
+    """Inside its ttl a key is replayed by every proxy (from the store, then
+    from memory); once the database has expired it, the first proxy asked,
+    right, ahead or behind, executes it anew instead of replaying the
+    answer its replay cache holds, and the others replay the new one."""
+    proxies = three_proxies(make_proxy, skewable)
+    keys = []
+    for i, p in enumerate(proxies):
+        key = new_key()
+        first = pay(p, key)
+        assert first.status_code == 201 and not is_replay(first)
+        for q in proxies + proxies:
+            again = pay(q, key)
+            assert again.status_code == 201 and is_replay(again)
+            assert again.content == first.content
+        assert stub.count(key=key) == 1
+        keys.append((key, first))
+    wait_until(lambda: pg.query(
+        "SELECT bool_and(expires_at <= now()) AS gone FROM idempotency_records "
+        "WHERE idem_key = ANY(%s)", ([k for k, _ in keys],))[0]["gone"],
+        timeout=15, what="the records to expire")
+    # The proxies' deadlines were set before their claims were sent, so
+    # they end before the database's expiry; the margin only keeps the
+    # two clocks' readings from being compared within a millisecond.
+    time.sleep(0.2)
+    for i, (key, first) in enumerate(keys):
+        order = proxies[i + 1:] + proxies[:i + 1]  # not the one that executed it
+        fresh = pay(order[0], key)
+        assert fresh.status_code == 201 and not is_replay(fresh), \
+            "%s replayed a record the database had expired" % order[0].log_path
+        assert fresh.content != first.content
+        for q in order[1:]:
+            again = pay(q, key)
+            assert again.status_code == 201 and is_replay(again)
+            assert again.content == fresh.content
+        assert stub.count(key=key) == 2
