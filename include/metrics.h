@@ -29,6 +29,9 @@ void metrics_observe_store_ms(double ms);
 void metrics_observe_upstream_ms(double ms);
 void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
+/* This process's wall clock minus the database's (not exported until
+ * first set). */
+void metrics_set_clock_offset(double offset_s);
 void metrics_set_replay_cache(size_t entries, size_t bytes);
 /* Seals per key id as stored (every instance's), the active key's count
  * (0: sealing off) and store_encryption.warn_seals. At most

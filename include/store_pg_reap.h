@@ -30,5 +30,10 @@ int store_purge_expired(store *s, int batch, int *purged, char *err,
 int store_processing_stats(store *s, const char *since, growbuf *held,
 			   int64_t *count, double *oldest_age_s, char *err,
 			   size_t errlen) MUST_CHECK;
+/* This process's wall clock minus the database server's, read at the
+ * middle of one round trip (*offset_s), and how far off that reading may
+ * be (*error_s: half the round trip, plus the clocks' millisecond). */
+int store_clock_offset(store *s, double *offset_s, double *error_s, char *err,
+		       size_t errlen) MUST_CHECK;
 
 #endif

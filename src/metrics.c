@@ -104,6 +104,8 @@ static int64_t g_processing;
 static int g_waiters;
 static double g_oldest_age;
 static int g_store_up;
+static bool g_clock_measured;
+static double g_clock_offset;
 static uint64_t reaper_released, reaper_purged;
 static double reaper_last_success;
 static uint64_t cache_entries, cache_bytes;
@@ -399,6 +401,14 @@ void metrics_set_processing(int64_t count, double oldest_age_s)
 	pthread_mutex_unlock(&mu);
 }
 
+void metrics_set_clock_offset(double offset_s)
+{
+	pthread_mutex_lock(&mu);
+	g_clock_measured = true;
+	g_clock_offset = offset_s;
+	pthread_mutex_unlock(&mu);
+}
+
 void metrics_set_store_up(bool up)
 {
 	pthread_mutex_lock(&mu);
@@ -617,6 +627,12 @@ static void render_set_values(growbuf *out)
 	render_scalar(out, "idemproxy_store_up", "gauge",
 		      "1 when the last store call succeeded.",
 		      (double)g_store_up);
+	if (g_clock_measured)
+		render_scalar(out, "idemproxy_store_clock_offset_seconds",
+			      "gauge",
+			      "This instance's wall clock minus the "
+			      "database's (at each reaper pass).",
+			      g_clock_offset);
 	render_scalar(out, "idemproxy_replay_cache_entries", "gauge",
 		      "Responses held in the replay cache.",
 		      (double)cache_entries);

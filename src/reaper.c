@@ -1,6 +1,7 @@
 #include "reaper.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -38,7 +39,17 @@ struct reaper {
 	growbuf held;
 	int64_t sweep_page; /* the sweep's next page (see store_sweep_leases) */
 	char seal_warned[SEAL_ID_MAX + 1]; /* the key last warned of */
+	bool clock_warned; /* the offset is beyond CLOCK_WARN_S (warned) */
 };
+
+/* Above this offset from the database's clock, a warning. Leases and
+ * expiry never read this process's wall clock, so nothing is refused; what
+ * does read it (JWT exp and nbf, log times, the reaper's timestamp metric)
+ * is off by the offset. NTP keeps a healthy host within milliseconds, and
+ * a leap smear moves a clock by at most half a second from an unsmeared
+ * one: a second is a clock nobody keeps, and still far below a JWT
+ * leeway. */
+#define CLOCK_WARN_S 1.0
 
 /* Runs one batch statement until a batch comes back less than full. */
 static int drain(reaper *r, int batch,
@@ -116,6 +127,32 @@ static void seal_pass(reaper *r, const reaper_settings *set)
 		 set->seal_active);
 }
 
+/* The offset is exported at each pass; the log says when it goes beyond
+ * CLOCK_WARN_S for sure (the reading's error taken off) and when it comes
+ * back, not at every pass. */
+static void clock_pass(reaper *r)
+{
+	double off = 0, error = 0;
+	char err[256];
+	if (store_clock_offset(r->st, &off, &error, err, sizeof err)) {
+		log_warn("reaper: clock offset not measured", "%s", err);
+		return;
+	}
+	metrics_set_clock_offset(off);
+	if (!r->clock_warned && fabs(off) - error > CLOCK_WARN_S) {
+		log_warn("clock differs from the database's",
+			 "offset_s=%.3f error_s=%.3f bound_s=%.0f "
+			 "(leases and expiry follow the database; JWT exp "
+			 "and nbf, log times do not)",
+			 off, error, CLOCK_WARN_S);
+		r->clock_warned = true;
+	} else if (r->clock_warned && fabs(off) + error <= CLOCK_WARN_S) {
+		log_info("clock agrees with the database's again",
+			 "offset_s=%.3f error_s=%.3f", off, error);
+		r->clock_warned = false;
+	}
+}
+
 static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
@@ -143,6 +180,7 @@ static void pass(reaper *r, const reaper_settings *set)
 	metrics_set_store_up(true);
 	metrics_reaper(released, purged);
 	metrics_set_processing(count, age);
+	clock_pass(r);
 	seal_pass(r, set);
 	if (released || purged)
 		log_info("reaper pass", "released=%d purged=%d processing=%lld",

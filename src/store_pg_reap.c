@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "store_pg_int.h"
+#include "util.h"
 
 /* The reaper's statements as run on each shard (%1$s, formatted by
  * run_command_on_shards or shard_walk with the shard; the batch size is
@@ -267,3 +268,24 @@ int store_processing_stats(store *s, const char *since, growbuf *held,
 	return rc;
 }
 
+/* The server's clock_timestamp(), not now(): now() is when the statement's
+ * transaction began, which a queued statement reads late. */
+int store_clock_offset(store *s, double *offset_s, double *error_s, char *err,
+		       size_t errlen)
+{
+	if (store_ensure(s, err, errlen))
+		return -1;
+	int64_t sent = wall_ms();
+	PGresult *r = pg_link_exec(
+		&s->link,
+		"SELECT extract(epoch FROM clock_timestamp())::float8");
+	int64_t back = wall_ms();
+	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "clock");
+	if (!rc) {
+		double db = atof(PQgetvalue(r, 0, 0));
+		*offset_s = (double)(sent + back) / 2000.0 - db;
+		*error_s = (double)(back - sent) / 2000.0 + 0.001;
+	}
+	PQclear(r);
+	return rc;
+}

@@ -1,10 +1,13 @@
 """A proxy whose wall clock is off by more than a lease (libfaketime, ahead
 and behind) beside one whose clock is right, on the same database: leases
 and expiry follow the database's clock, so neither proxy takes a key in
-flight over early nor replays a record the database has expired."""
+flight over early nor replays a record the database has expired; each
+proxy measures its offset from the database's clock, exports it, and the
+skewed ones say so in their logs."""
 import datetime
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -13,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 from helpers import is_replay, new_key, wait_until
-from store_support import pay
+from store_support import metrics, pay
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 # The skewed proxies are this tree's objects linked with glibc's malloc:
@@ -28,6 +31,7 @@ ROUTES = {"create_payment": {"lease": LEASE, "ttl": TTL,
 # A cached replay would be trusted this long if its deadline were not the
 # record's expiry.
 TOP = {"replay_cache_ttl": "1m"}
+OFFSET = "idemproxy_store_clock_offset_seconds"
 
 
 def faketime_env(seconds):
@@ -55,10 +59,10 @@ def clock_of(proxy):
     return logged - time.time()
 
 
-def three_proxies(make_proxy, binary):
+def three_proxies(make_proxy, binary, top=TOP):
     """Right, ahead by SKEW, behind by SKEW."""
-    plain = make_proxy(route_overrides=ROUTES, top=TOP)
-    ahead, behind = (make_proxy(route_overrides=ROUTES, top=TOP, migrate=False,
+    plain = make_proxy(route_overrides=ROUTES, top=top)
+    ahead, behind = (make_proxy(route_overrides=ROUTES, top=top, migrate=False,
                                 env=faketime_env(s), binary=binary)
                      for s in (SKEW, -SKEW))
     # libfaketime took: each clock is off by about its skew (the few
@@ -66,6 +70,20 @@ def three_proxies(make_proxy, binary):
     for p, s in ((plain, 0), (ahead, SKEW), (behind, -SKEW)):
         assert abs(clock_of(p) - s) < SKEW / 2, (p.log_path, clock_of(p))
     return plain, ahead, behind
+
+
+def warnings(proxy, msg):
+    """(level, offset_s) of each log line msg."""
+    out = []
+    for line in proxy.log().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("msg") == msg:
+            m = re.search(r'offset_s[=":\s]*(-?[0-9.]+)', line)
+            out.append((rec.get("level"), float(m.group(1)) if m else None))
+    return out
 
 
 def test_a_key_in_flight_is_not_taken_over_by_a_skewed_proxy(make_proxy, stub, skewable):
@@ -129,3 +147,31 @@ def test_expiry_is_the_databases_on_a_skewed_proxy(make_proxy, stub, pg, skewabl
             assert again.status_code == 201 and is_replay(again)
             assert again.content == fresh.content
         assert stub.count(key=key) == 2
+
+
+def test_the_offset_is_exported_and_warned_of(make_proxy, stub, skewable):
+    """Each reaper pass (the first at start) measures the proxy's offset
+    from the database's clock: exported, and beyond a second warned of
+    once, not at every pass. Nothing is refused for it."""
+    top = dict(TOP, reaper={"interval": "300ms"})
+    plain, ahead, behind = three_proxies(make_proxy, skewable, top)
+    msg = "clock differs from the database's"
+    passes = "idemproxy_reaper_last_success_timestamp_seconds"
+    for p, skew in ((ahead, SKEW), (behind, -SKEW)):
+        wait_until(lambda p=p: warnings(p, msg), what="the warning")
+        # two more passes, each measuring again
+        for _ in range(2):
+            last = metrics(p)[passes]
+            wait_until(lambda p=p, last=last: metrics(p)[passes] != last,
+                       what="a reaper pass")
+        assert abs(metrics(p)[OFFSET] - skew) < 1, metrics(p)[OFFSET]
+        w = warnings(p, msg)
+        assert len(w) == 1 and w[0][0] == "warn", w
+        assert abs(w[0][1] - skew) < 1, w
+    assert abs(wait_until(lambda: OFFSET in metrics(plain) and
+                          [metrics(plain)[OFFSET]], what="the offset")[0]) < 1
+    assert warnings(plain, msg) == []
+    for p in (plain, ahead, behind):
+        key = new_key()
+        assert pay(p, key).status_code == 201
+        assert stub.count(key=key) == 1
