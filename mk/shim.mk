@@ -8,8 +8,14 @@ $(BUILD)/slow_resolver.so: tests/shim/slow_resolver.c | $(BUILD)
 # Header dependencies, as in the Makefile.
 -include $(wildcard $(BUILD)/slow_resolver.d)
 
+# A wall clock stepped away from the kernel's (tests/shim/clock_step.c).
+$(BUILD)/clock_step.so: tests/shim/clock_step.c | $(BUILD)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror $(DEPFLAGS) -fPIC -shared -o $@ $<
+
+-include $(wildcard $(BUILD)/clock_step.d)
+
 .PHONY: shim
-shim: $(BUILD)/slow_resolver.so
+shim: $(BUILD)/slow_resolver.so $(BUILD)/clock_step.so
 
 # The proxy linked with glibc's malloc instead of $(MALLOC), for the tests
 # that preload libfaketime (tests/integration/test_clock_skew.py): at start

@@ -211,7 +211,7 @@ static void *reaper_main(void *arg)
 		pass(r, &set);
 		pthread_mutex_lock(&r->mu);
 		struct timespec done;
-		clock_gettime(CLOCK_REALTIME, &done);
+		clock_gettime(CLOCK_MONOTONIC, &done);
 		while (!r->stopping) {
 			struct timespec ts = after_ms(done, r->set.interval_ms);
 			if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) ==
@@ -248,7 +248,13 @@ reaper *reaper_start(const char *db_url, const reaper_config *c,
 	r->set = settings_of(c);
 	snprintf(r->since, sizeof r->since, "-infinity");
 	pthread_mutex_init(&r->mu, NULL);
-	pthread_cond_init(&r->cv, NULL);
+	/* The interval is a duration: a step of the wall clock must not
+	 * stretch or cut the wait. */
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&r->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	ALWAYS_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
 	pthread_setname_np(r->thread, "ip-reaper");
 	return r;

@@ -175,3 +175,25 @@ def test_the_offset_is_exported_and_warned_of(make_proxy, stub, skewable):
         key = new_key()
         assert pay(p, key).status_code == 201
         assert stub.count(key=key) == 1
+
+
+@pytest.fixture(scope="module")
+def clock_step():
+    subprocess.run(["make", "-s", "build/clock_step.so"], cwd=ROOT, check=True,
+                   timeout=120)
+    return os.path.join(ROOT, "build", "clock_step.so")
+
+
+def test_the_reaper_keeps_its_interval_when_the_clock_steps(make_proxy, clock_step):
+    """The wall clock stepped back by an hour between the reaper's reading
+    it and its wait for the next pass (tests/shim/clock_step.c): the next
+    passes still come at the interval, not an hour later."""
+    proxy = make_proxy(top={"reaper": {"interval": "200ms"}}, env={
+        "LD_PRELOAD": clock_step, "IDEMPROXY_SHIM_CLOCK_STEP_S": "3600"})
+    passes = "idemproxy_reaper_last_success_timestamp_seconds"
+    for _ in range(3):
+        last = metrics(proxy).get(passes, 0)
+        wait_until(lambda last=last: metrics(proxy)[passes] != last,
+                   timeout=10, what="a reaper pass")
+    # the shim took: the pass's time is on the stepped clock
+    assert metrics(proxy)[passes] - time.time() > 3000
