@@ -136,7 +136,7 @@ static void wait_for(record_retry *rr, double ms)
 		return;
 	}
 	struct timespec ts;
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
 	long long ns = ts.tv_nsec + (long long)(ms * 1e6);
 	ts.tv_sec += (time_t)(ns / 1000000000LL);
 	ts.tv_nsec = (long)(ns % 1000000000LL);
@@ -215,7 +215,13 @@ record_retry *record_retry_start(const char *db_url,
 	rr->st = store_new(db_url, statement_timeout_ms);
 	store_set_wake_key(rr->st, wk);
 	pthread_mutex_init(&rr->mu, NULL);
-	pthread_cond_init(&rr->cv, NULL);
+	/* Its waits are parts of a lease, counted on mono_ms's clock: a step
+	 * of the wall clock must not stretch one past the lease's end. */
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&rr->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	ALWAYS_ASSERT(pthread_create(&rr->thread, NULL, retry_main, rr) == 0);
 	pthread_setname_np(rr->thread, "ip-retry");
 	return rr;

@@ -12,11 +12,12 @@ import subprocess
 import threading
 import time
 
+import psycopg
 import pytest
 
 from conftest import ROOT
 from helpers import is_replay, new_key, wait_until
-from store_support import metrics, pay
+from store_support import metrics, pay, wait_state
 
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 # The skewed proxies are this tree's objects linked with glibc's malloc:
@@ -197,3 +198,39 @@ def test_the_reaper_keeps_its_interval_when_the_clock_steps(make_proxy, clock_st
                    timeout=10, what="a reaper pass")
     # the shim took: the pass's time is on the stepped clock
     assert metrics(proxy)[passes] - time.time() > 3000
+
+
+def test_a_deferred_record_is_written_when_the_clock_steps(make_proxy, stub, pg,
+                                                           clock_step):
+    """An answer the store could not take at once goes to the background
+    retries; the wall clock stepped back by an hour between the retrier's
+    reading it and its wait (tests/shim/clock_step.c): the record is still
+    written within the attempt's lease, once the store takes it."""
+    proxy = make_proxy(
+        top={"workers": 1, "database": {"url": pg.url, "statement_timeout": "300ms"}},
+        env={"LD_PRELOAD": clock_step, "IDEMPROXY_SHIM_CLOCK_STEP_S": "3600"})
+    key = new_key()
+    stub.configure({"key": key, "gate": key, "times": 1})
+    answers = []
+    t = threading.Thread(target=lambda: answers.append(pay(proxy, key)))
+    t.start()
+    stub.wait_for(key=key)
+    lock = psycopg.connect(pg.url)
+    try:
+        lock.execute("BEGIN")
+        lock.execute("LOCK TABLE idempotency_records IN ACCESS EXCLUSIVE MODE")
+        stub.release(key)
+        wait_until(lambda: metrics(proxy).get(
+            'idemproxy_events_total{event="record_deferred"}') == 1,
+            what="the record to be handed to the background")
+    finally:
+        lock.rollback()
+        lock.close()
+    t.join()
+    assert answers[0].status_code == 201 and not is_replay(answers[0])
+    rec = wait_state(pg, key, "completed", timeout=20)
+    assert bytes(rec["response_body"]) == answers[0].content
+    assert stub.count(key=key) == 1
+    m = metrics(proxy)
+    assert m['idemproxy_events_total{event="record_retried"}'] == 1
+    assert m['idemproxy_events_total{event="record_failed"}'] == 0

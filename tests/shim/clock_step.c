@@ -24,7 +24,8 @@
 int clock_gettime(clockid_t clk, struct timespec *ts)
 {
 	long rc = syscall(SYS_clock_gettime, clk, ts);
-	if (rc == 0 && (clk == CLOCK_REALTIME || clk == CLOCK_REALTIME_COARSE)) {
+	if (rc == 0 &&
+	    (clk == CLOCK_REALTIME || clk == CLOCK_REALTIME_COARSE)) {
 		const char *s = getenv("IDEMPROXY_SHIM_CLOCK_STEP_S");
 		ts->tv_sec += s ? atol(s) : 0;
 	}
