@@ -1,5 +1,6 @@
 #include "metrics.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -502,8 +503,12 @@ static void render_histogram(growbuf *out, const histogram *h)
 static void render_scalar(growbuf *out, const char *name, const char *type,
 			  const char *help, double v)
 {
-	growbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %.15g\n", name,
-		       help, name, type, name, v);
+	if (isnan(v)) /* the exposition format's spelling */
+		growbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s NaN\n",
+			       name, help, name, type, name);
+	else
+		growbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n%s %.15g\n",
+			       name, help, name, type, name, v);
 }
 
 /* Called with mu held. */
@@ -627,12 +632,11 @@ static void render_set_values(growbuf *out)
 	render_scalar(out, "idemproxy_store_up", "gauge",
 		      "1 when the last store call succeeded.",
 		      (double)g_store_up);
-	if (g_clock_measured)
-		render_scalar(out, "idemproxy_store_clock_offset_seconds",
-			      "gauge",
-			      "This instance's wall clock minus the "
-			      "database's (at each reaper pass).",
-			      g_clock_offset);
+	/* NaN until the first pass measures it: no alert fires on it. */
+	render_scalar(out, "idemproxy_store_clock_offset_seconds", "gauge",
+		      "This instance's wall clock minus the database's "
+		      "(at each reaper pass; NaN before the first).",
+		      g_clock_measured ? g_clock_offset : NAN);
 	render_scalar(out, "idemproxy_replay_cache_entries", "gauge",
 		      "Responses held in the replay cache.",
 		      (double)cache_entries);
