@@ -33,11 +33,9 @@ void pg_link_err(char *err, size_t errlen, const char *what,
 		 const char *pgmsg)
 {
 	char msg[512];
-	snprintf(msg, sizeof msg, "%s", pgmsg ? pgmsg : "");
-	/* libpq messages end with a newline; keep log lines whole. */
-	for (char *p = msg; *p; p++)
-		if (*p == '\n' || *p == '\r')
-			*p = (p[1] ? ' ' : '\0');
+	/* An error is often logged as a quoted value, which would show
+	 * libpq's line breaks as \xHH: fold them here. */
+	log_fold_lines(msg, sizeof msg, pgmsg ? pgmsg : "");
 	snprintf(err, errlen, "%s: %s", what, msg);
 }
 
