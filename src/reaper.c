@@ -12,6 +12,7 @@
 #include "metrics.h"
 #include "seal.h"
 #include "seal_tally.h"
+#include "store_pg_durability.h"
 #include "store_pg_reap.h"
 
 /* The settings a reload may change; the thread reads them at each pass. */
@@ -38,6 +39,14 @@ struct reaper {
 	growbuf held;
 	int64_t sweep_page; /* the sweep's next page (see store_sweep_leases) */
 	char seal_warned[SEAL_ID_MAX + 1]; /* the key last warned of */
+	/* What the store offers for durability (durability.h) is checked
+	 * when asked (start, reload: dur_why, under mu) and when the
+	 * connection was made again since the last check (server_id). */
+	const char *dur_why;
+	const char *dur_retry; /* a check that failed (reaper thread) */
+	char server_id[160];
+	store_durability dur_last;
+	bool dur_known;
 };
 
 /* Runs one batch statement until a batch comes back less than full. */
@@ -116,6 +125,54 @@ static void seal_pass(reaper *r, const reaper_settings *set)
 		 set->seal_active);
 }
 
+/* Whether two store_server_id values name the same host:port. */
+static bool same_server(const char *a, const char *b)
+{
+	const char *sa = strrchr(a, ' '), *sb = strrchr(b, ' ');
+	size_t na = sa ? (size_t)(sa - a) : strlen(a);
+	size_t nb = sb ? (size_t)(sb - b) : strlen(b);
+	return na == nb && !strncmp(a, b, na);
+}
+
+static const char *take_dur_why(reaper *r)
+{
+	pthread_mutex_lock(&r->mu);
+	const char *why = r->dur_why;
+	r->dur_why = NULL;
+	pthread_mutex_unlock(&r->mu);
+	return why ? why : r->dur_retry;
+}
+
+/* A reconnect to the same server is logged only if what it offers
+ * changed; a check that fails is made again at the next pass. */
+static void durability_pass(reaper *r)
+{
+	char id[sizeof r->server_id];
+	store_server_id(r->st, id, sizeof id);
+	const char *why = take_dur_why(r);
+	r->dur_retry = NULL;
+	bool quiet = false;
+	if (!why && strcmp(id, r->server_id)) {
+		quiet = same_server(id, r->server_id);
+		why = quiet ? "reconnect" : "new_server";
+	}
+	if (!why)
+		return;
+	store_durability d;
+	char err[256];
+	if (store_read_durability(r->st, &d, err, sizeof err)) {
+		log_warn("store durability not known; checked again at the "
+			 "next reaper pass",
+			 "why=%s %s", why, err);
+		r->dur_retry = why;
+		return;
+	}
+	store_server_id(r->st, r->server_id, sizeof r->server_id);
+	durability_report(&d, r->dur_known ? &r->dur_last : NULL, why, quiet);
+	r->dur_last = d;
+	r->dur_known = true;
+}
+
 static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
@@ -144,6 +201,7 @@ static void pass(reaper *r, const reaper_settings *set)
 	metrics_reaper(released, purged);
 	metrics_set_processing(count, age);
 	seal_pass(r, set);
+	durability_pass(r);
 	if (released || purged)
 		log_info("reaper pass", "released=%d purged=%d processing=%lld",
 			 released, purged, (long long)count);
@@ -162,7 +220,7 @@ static struct timespec after_ms(struct timespec t, int64_t ms)
 
 /* Between passes it sleeps for the interval; a reload wakes it so that a
  * new interval counts from the end of the last pass, not from the end of
- * the old interval. */
+ * the old interval, and checks the store's durability at once. */
 static void *reaper_main(void *arg)
 {
 	reaper *r = arg;
@@ -175,6 +233,12 @@ static void *reaper_main(void *arg)
 		struct timespec done;
 		clock_gettime(CLOCK_REALTIME, &done);
 		while (!r->stopping) {
+			if (r->dur_why) {
+				pthread_mutex_unlock(&r->mu);
+				durability_pass(r);
+				pthread_mutex_lock(&r->mu);
+				continue;
+			}
 			struct timespec ts = after_ms(done, r->set.interval_ms);
 			if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) ==
 			    ETIMEDOUT)
@@ -209,6 +273,7 @@ reaper *reaper_start(const char *db_url, const reaper_config *c,
 	store_set_distributed(r->st, distributed);
 	r->set = settings_of(c);
 	snprintf(r->since, sizeof r->since, "-infinity");
+	r->dur_why = "start";
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_cond_init(&r->cv, NULL);
 	ALWAYS_ASSERT(pthread_create(&r->thread, NULL, reaper_main, r) == 0);
@@ -220,6 +285,7 @@ void reaper_configure(reaper *r, const reaper_config *c)
 {
 	pthread_mutex_lock(&r->mu);
 	r->set = settings_of(c);
+	r->dur_why = "reload";
 	pthread_cond_signal(&r->cv);
 	pthread_mutex_unlock(&r->mu);
 }
