@@ -14,6 +14,7 @@ SYNC = "store durability: commits wait for a synchronous standby"
 NONE = "store durability: no synchronous standby"
 STANDBYS = "idemproxy_store_synchronous_standbys"
 COUNTED = "idemproxy_store_synchronous_standbys_counted"
+LAST_PASS = "idemproxy_reaper_last_success_timestamp_seconds"
 
 
 def commit_level(m, level):
@@ -134,3 +135,32 @@ def test_a_failover_to_a_primary_without_a_standby_warns(make_proxy, pair):
     assert lines[0]["level"] == "warn" and lines[0]["msg"].startswith(NONE), lines
     assert "server=127.0.0.1:%d" % pair.standby_port in lines[0]["detail"], lines
     assert metrics(proxy)[STANDBYS] == 0
+
+
+def test_a_reconnect_to_the_same_server_is_logged_only_when_it_changed(make_proxy, pg):
+    proxy = proxy_on(make_proxy, pg.url, migrate=True, reaper={"interval": "200ms"})
+    [line] = checked(proxy)
+    assert "synchronous_commit=off " in line["detail"], line
+
+    def cut_and_wait_for_reconnect():
+        pg.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                 "WHERE datname = current_database() AND application_name = 'idemproxy' "
+                 "AND pid <> pg_backend_pid()")
+        # Of the passes that end after the cut, the first may have run on
+        # the old connection; the second ran on a new one, and its check
+        # had ended once a third one ends.
+        seen = [metrics(proxy)[LAST_PASS]]
+        wait_until(lambda: seen.append(metrics(proxy)[LAST_PASS]) or
+                   len(set(seen)) > 3, what="three reaper passes after the cut")
+
+    # The same settings on a new connection: nothing to say.
+    cut_and_wait_for_reconnect()
+    # New sessions of this database get synchronous_commit = on.
+    pg.execute("ALTER DATABASE %s SET synchronous_commit = on" % pg.name)
+    cut_and_wait_for_reconnect()
+    lines = checked(proxy, 2)
+    assert len(lines) == 2, lines
+    assert lines[1]["level"] == "warn" and "why=reconnect" in lines[1]["detail"], lines
+    assert 'reason="synchronous_standby_names is empty"' in lines[1]["detail"], lines
+    m = metrics(proxy)
+    assert commit_level(m, "on") == 1 and commit_level(m, "off") == 0, m
