@@ -200,7 +200,7 @@ static reaper_config reaper_config_of(const config *c)
 	reaper_config rc = {c->statement_timeout_ms, c->reaper_interval_ms,
 			    c->reaper_batch,
 			    c->seal ? seal_keyring_active(c->seal) : NULL,
-			    c->seal_warn_seals};
+			    c->seal_warn_seals, c->reaper_durability_interval_ms};
 	return rc;
 }
 

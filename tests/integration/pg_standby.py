@@ -76,6 +76,11 @@ class _Node:
         self.pg_ctl("-l", self.logfile, "-w", "-t", "60", "-o", self.opts(), "start")
         self.running = True
 
+    def stop(self):
+        """A fast shutdown: its walsender or walreceiver goes at once."""
+        self.pg_ctl("-m", "fast", "-w", "-t", "60", "stop")
+        self.running = False
+
     def conninfo(self, db="postgres"):
         return "postgresql://postgres@127.0.0.1:%d/%s" % (self.port, db)
 

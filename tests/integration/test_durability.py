@@ -1,6 +1,7 @@
 """What the store offers for the one-effect promise across a failover:
-synchronous standbys or none, logged at start, on reload and when the
-store connection lands on another server, and exported as gauges."""
+synchronous standbys or none, logged at start, on reload, when the
+store connection lands on another server and when a periodic check finds
+it changed, and exported as gauges."""
 import json
 import signal
 
@@ -164,3 +165,27 @@ def test_a_reconnect_to_the_same_server_is_logged_only_when_it_changed(make_prox
     assert 'reason="synchronous_standby_names is empty"' in lines[1]["detail"], lines
     m = metrics(proxy)
     assert commit_level(m, "on") == 1 and commit_level(m, "off") == 0, m
+
+
+@pytest.mark.parametrize("pair", [True], indirect=True)
+def test_a_standby_that_stops_is_noticed_without_a_reload(make_proxy, pair):
+    # No reaper pass and no SIGHUP after the start: only the periodic check
+    # can see the standby go and come back.
+    proxy = proxy_on(make_proxy, pair.url,
+                     reaper={"interval": "1h", "durability_interval": "200ms"})
+    [line] = checked(proxy)
+    assert line["level"] == "info" and "synchronous_standbys=1 " in line["detail"], line
+    assert metrics(proxy)[STANDBYS] == 1
+    pair.standby.stop()
+    lines = checked(proxy, 2)
+    assert lines[1]["level"] == "warn" and lines[1]["msg"].startswith(NONE), lines
+    assert "why=periodic" in lines[1]["detail"], lines
+    assert 'reason="no synchronous standby is attached"' in lines[1]["detail"], lines
+    assert metrics(proxy)[STANDBYS] == 0
+    pair.standby.start()
+    pair.wait_streaming()
+    lines = checked(proxy, 3)
+    assert lines[2]["level"] == "info" and "why=periodic" in lines[2]["detail"], lines
+    assert metrics(proxy)[STANDBYS] == 1
+    # The checks in between found nothing new, and said nothing.
+    assert len(durability_lines(proxy)) == 3, durability_lines(proxy)
