@@ -29,6 +29,17 @@
  *   a final answer; cause is then the status of the last one.
  * - A requests cut at the stop get error `stopped`; a request that failed
  *   part way has status 0 and no resp_hash (the client got no answer).
+ * - route is the route's name (pay, refund, transfer); X-Attempt-Id is
+ *   a<seed>-<flow>-<seq>.
+ * - No flow starts after --seconds or once --requests requests were sent;
+ *   what is still going then is finished, or cut --drain-ms later (at once
+ *   on SIGTERM or SIGINT). The log is flushed every second and at exit.
+ *
+ * curl 7.88 silently resends a request on a reused connection that died
+ * with no byte of answer, and this cannot be turned off: a request cut by a
+ * proxy's death can reach a proxy restarted at once a second time, with the
+ * same X-Attempt-Id. CURLOPT_MAXAGE_CONN keeps the proxy's idle timeout
+ * from doing the same.
  *
  * Draws are seeded per flow (flow number and seed), so the same seed gives
  * the same flows whatever the timing; only which earlier key a recheck
@@ -42,7 +53,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -105,9 +115,7 @@ struct lane {
 	int64_t due;
 	int heap_pos; /* -1: not in the timer heap */
 	struct lane *next_ready;
-	bool done;
 	bool final;
-	long status;
 };
 
 struct flow {
@@ -999,9 +1007,7 @@ static int64_t retry_delay_us(struct lane *l, long ra_ms)
 static int lane_done(struct lane *l, long status, bool final, int64_t now)
 {
 	struct flow *f = l->flow;
-	l->done = true;
 	l->final = final;
-	l->status = status;
 	if (final)
 		f->cause = status;
 	if (--f->active_lanes)
