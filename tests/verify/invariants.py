@@ -66,12 +66,16 @@ The invariants and how these files prove them
    (`bytes_differ`: status, content type, exec header, body), and all
    answers of one epoch carry one exec (`two_execs_answered`, one per extra
    exec): after the first final ledger answer reached a client, every other
-   answer before expiry is the same exec.
+   answer before expiry is the same exec. `no_exec`: a 2xx or 402 that is
+   no proxy problem and carries no exec (only the ledger makes those, and a
+   replay must give its replay headers back, X-Ledger-Exec included).
 3. `cross_tenant`: an answer whose exec the ledger made for another tenant
-   (or the same key of another tenant). `mismatch_executed`: a `mismatch`
-   attempt's body_sha appears among the ledger's forwards of its scope, or
-   one epoch's forwards carry two body hashes (a different body went out
-   under a key that held another).
+   (or the same key of another tenant). `mismatch_executed`: one epoch's
+   forwards carry two body hashes (a `mismatch` send, or any other body,
+   went out under a key whose record held another; once the record may have
+   expired the new body opens a new epoch and may execute).
+   `mismatch_answered`: a `mismatch` attempt got the answer of an execution
+   of another body (the original's replay instead of a problem).
 4. A proxy problem whose code means "not forwarded" has no ledger line
    with its attempt id (`forwarded_after_refusal`). The codes, from
    src/problem.c, src/proxy.c and doc/design.md ("Errors the proxy
@@ -92,7 +96,10 @@ The invariants and how these files prove them
 5. Once a client saw a final ledger answer of an epoch (at T, the earliest
    t1), `different_after_seen`: an answer to an attempt sent after T (t0 >
    T) carries another exec; `forwarded_after_seen`: the ledger got a forward
-   of the scope after T in the same epoch (before exp_lo). Attempts across
+   of the scope after T in the same epoch (before exp_lo);
+   `refused_as_mismatch`: an attempt with the flow's own body (any kind but
+   `mismatch`) was answered idempotency_key_mismatch: its key no longer
+   answers with its own payload. Attempts across
    restarts and failover (`recheck`) are held to the same rule: nothing
    excuses them but expiry.
 6. After each `heal` event h, every flow in progress at h (t_first <= h,
@@ -438,10 +445,6 @@ class Checker:
                 if self.hold and (r.cut or not r.status):
                     self.held.add(scope)
 
-    def scope_fwds(self, scope):
-        fwds = self.by_scope.get(scope, ())
-        return fwds if type(fwds) is list else (fwds,)
-
     # --- load --------------------------------------------------------------
 
     def load_lines(self):
@@ -514,12 +517,12 @@ class Checker:
         if ex:
             r = self.answer(f, c, scope, tenant, att, t0, t1, ex)
         if akind == "mismatch":
-            body = hexint(f[c["body_sha"]])
-            for g in self.scope_fwds(scope):
-                if g.body == body:
-                    t.bad("3", "mismatch_executed", attempt=att,
-                          ledger_attempt=g.att, exec=g.exec)
-                    break
+            if r is not None and r.body != hexint(f[c["body_sha"]]):
+                t.bad("3", "mismatch_answered", attempt=att, exec=ex)
+        elif code == "idempotency_key_mismatch":
+            t.bad("5", "refused_as_mismatch", attempt=att, akind=akind)
+        if not ex and not code and (200 <= status < 300 or status == 402):
+            t.bad("2", "no_exec", attempt=att, status=status)
         if akind == "wait" or path == TRANSFER_PATH:
             self.wait_attempt(f, c, scope, att, t0, t1, status, code, ex, r,
                               fwd)

@@ -111,6 +111,12 @@ class Run:
 def clean(path, mode="release_after_lease"):
     """A history holding every invariant, with every excuse in it."""
     r = Run(path, mode)
+    clean_operations(r)
+    clean_waits_and_heal(r)
+    return r
+
+
+def clean_operations(r):
     # A plain payment, its timed-out retry, and a replay much later.
     e1 = r.forward("a1", "k1", 1.01, 1.02)
     r.attempt("a1", "k1", 1.0, 1.05, ex=e1)
@@ -151,6 +157,9 @@ def clean(path, mode="release_after_lease"):
     e7 = r.forward("a9", "k7", 5.21, 5.22)
     r.attempt("a9", "k7", 5.2, 5.23, ex=e7, flow=7)
     r.flow(7, "k7", 5.0, 5.23, attempts=2)
+
+
+def clean_waits_and_heal(r):
     # Waiters on a transfer: the original's answer, a 409 at wait_max, a
     # proxy refusal, and a long wait through a fault of its instance.
     e8 = r.forward("a10", "k8", 7.01, 7.1, route="transfer")
@@ -183,7 +192,6 @@ def clean(path, mode="release_after_lease"):
             processing=1)
     r.event("scrape", inst="p2", t_s=14.0, oldest_processing_s=0.0,
             processing=0)
-    return r
 
 
 def classes(s, inv):
@@ -210,6 +218,10 @@ def test_clean_history_passes(tmp_path):
     assert ah["time_to_final_max_s"] == pytest.approx(0.6)
     assert ah["gauge"]["p1"]["below_lease"] and ah["gauge"]["p2"]["below_lease"]
     assert s["latency_ms"]["under_faults"]["n"] == 3
+    assert set(s["excused"]) == {
+        "6: flow given up (stopped) before the bound",
+        "8: long wait overlapping a fault of its instance",
+        "8: proxy refusal (5xx with a code)"}
 
 
 def test_cli_writes_summary_and_exits_zero(tmp_path):
@@ -320,6 +332,12 @@ def test_2_unknown_exec(tmp_path):
     only(r.check(), "2", "unknown_exec")
 
 
+def test_2_answer_without_exec(tmp_path):
+    r = clean(tmp_path)
+    r.attempt("b", "k1", 60.0, 60.01, status=201, replayed=1)
+    only(r.check(), "2", "no_exec")
+
+
 def test_2_wrong_key(tmp_path):
     r = clean(tmp_path)
     e = r.forward("b", "kb", 30.01, 30.02)
@@ -354,6 +372,24 @@ def test_3_mismatch_executed(tmp_path):
     r.attempt("a1m2", "k1", 40.0, 40.03, status=0, akind="mismatch",
               body="b3", error="timeout")
     only(r.check(), "3", "mismatch_executed")
+
+
+def test_3_mismatch_answered_with_the_original(tmp_path):
+    r = clean(tmp_path)
+    e1 = r.ledger[0][12]
+    r.attempt("m2", "k1", 60.0, 60.01, ex=e1, replayed=1, akind="mismatch",
+              body="b2")
+    only(r.check(), "3", "mismatch_answered")
+
+
+def test_3_excuse_other_body_after_expiry_executes(tmp_path):
+    r = Run(tmp_path)
+    e = r.forward("a", "k", 1.01, 1.02, route="refund")
+    r.attempt("a", "k", 1.0, 1.03, ex=e, route="refund")
+    e2 = r.forward("m", "k", 23.01, 23.02, route="refund", body="b2")
+    r.attempt("m", "k", 23.0, 23.03, ex=e2, route="refund", body="b2",
+              akind="mismatch")
+    assert r.check()["ok"]
 
 
 def test_3_two_bodies_in_one_epoch(tmp_path):
@@ -393,6 +429,13 @@ def test_5_different_answer_after_seen(tmp_path):
     s = r.check()
     only(s, "5", "different_after_seen")
     only(s, "5", "forwarded_after_seen")
+
+
+def test_5_refused_as_mismatch(tmp_path):
+    r = clean(tmp_path)
+    r.attempt("y", "k1", 60.0, 60.1, status=422, akind="recheck",
+              code="idempotency_key_mismatch")
+    only(r.check(), "5", "refused_as_mismatch")
 
 
 # --- invariant 6 ------------------------------------------------------------
