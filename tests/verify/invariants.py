@@ -151,6 +151,24 @@ Excuses (never violations; each counted under "excused" in the summary)
 - Answers to attempts whose exec is in no ledger line are `unknown_exec`,
   never excused.
 
+- A line without its newline (a writer stopped mid-line) or with a
+  time or status that is not a number is skipped and counted
+  (`malformed_lines`), never judged.
+
+Figures (summary.json)
+----------------------
+requests (A lines), flows (F lines), keys (scopes: forwarded ones plus
+those never forwarded), attempts and flows by kind, retries per operation
+(F attempts - 1: mean, p99, max), concurrent duplicates (`dup` attempts),
+ledger forwards and executions, faults injected by kind (events), anomalies
+by invariant (all eight rows, target 0) and by class with samples, the
+excused cases by kind, latency p50/p99 of answered attempts whose
+[t0, t1] overlaps a fault window and of the others, after each heal: flows
+in flight, time to their first final answer (max, p99), and per instance
+the scraped oldest_processing_s (its lowest after the last heal, and
+whether it fell below the lease); per proxy log, lines, errors and
+warnings; the check's own time and peak RSS.
+
 The checker streams ledger.tsv once and load.tsv twice (first only to learn
 the t0 of the attempts the ledger saw) and keeps the ledger lines by scope
 and by exec, plus small per-epoch tallies.
@@ -331,6 +349,8 @@ class Checker:
         self.by_exec = {}
         self.by_att = {}
         self.fig = {}
+        self.malformed = {"ledger.tsv": 0, "load.tsv": 0}
+        self.load_cut = False
         self.held = set()
 
     def ttl_of(self, path):
@@ -379,6 +399,9 @@ class Checker:
         n = effects = 0
         with open(os.path.join(self.dir, "ledger.tsv")) as fh:
             for line in fh:
+                if not line.endswith("\n"):
+                    self.malformed["ledger.tsv"] += 1  # cut mid-write
+                    continue
                 f = line.rstrip("\n").split("\t")
                 if f[0] == "seq":
                     c = {name: i for i, name in enumerate(f)}
@@ -388,7 +411,11 @@ class Checker:
                 tenant = f[c["tenant"]]
                 scope = "%s\t%s\t%s" % (tenant, route_path(f[c["target"]]),
                                         f[c["key"]])
-                r = Fwd(f, c, scope)
+                try:
+                    r = Fwd(f, c, scope)
+                except ValueError:
+                    self.malformed["ledger.tsv"] += 1
+                    continue
                 n += 1
                 effects += r.effect
                 # One forward per scope is the rule: a list only for more.
@@ -416,7 +443,7 @@ class Checker:
                 ca = {n: i for i, n in enumerate(f)}
                 continue
             r = by_att.get(f[ca["attempt_id"]])
-            if r is not None:
+            if r is not None and f[ca["t0"]].isdigit():
                 r.att_t0 = int(f[ca["t0"]])
 
     def build_epochs(self):
@@ -451,9 +478,11 @@ class Checker:
         with open(os.path.join(self.dir, "load.tsv")) as fh:
             for line in fh:
                 f = line.rstrip("\n").split("\t")
-                if len(f) < 2:
+                if not line.endswith("\n"):
+                    self.load_cut = True  # the writer stopped mid-line
                     continue
-                yield f
+                if len(f) >= 2:
+                    yield f
 
     def read_load(self):
         ca = {n: i for i, n in enumerate(A_COLS)}
@@ -476,6 +505,10 @@ class Checker:
             if f[0] == "A":
                 if len(f) < len(ca):
                     f += [""] * (len(ca) - len(f))
+                if not (f[ca["t0"]].isdigit() and
+                        f[ca["status"]].isdigit()):
+                    self.malformed["load.tsv"] += 1
+                    continue
                 self.attempt(f, ca)
             elif f[0] == "F":
                 if len(f) < len(cf):
@@ -825,6 +858,8 @@ class Checker:
                            "outside_faults": lat(self.lat_calm)},
             "wait_attempts_answered": self.wait_answered,
             "proxy_logs": self.proxy_logs(),
+            "malformed_lines": dict(self.malformed, **{
+                "load.tsv": self.malformed["load.tsv"] + self.load_cut}),
             "check_seconds": round(took, 2),
             "check_peak_rss_mb": peak_rss_mb(),
             "ok": not any(an.values()),

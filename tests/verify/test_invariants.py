@@ -245,6 +245,18 @@ def test_cli_exits_one_on_a_violation(tmp_path):
     assert "unknown_exec" in p.stdout
 
 
+def test_lines_cut_mid_write_are_counted_not_fatal(tmp_path):
+    r = clean(tmp_path)
+    r.write()
+    for name in ("ledger.tsv", "load.tsv"):
+        with open(os.path.join(r.path, name), "a") as fh:
+            fh.write("99\t9001\t18000")
+    s = invariants.Checker(r.path).check()
+    assert s["ok"], s["anomaly_classes"]
+    assert s["malformed_lines"] == {"ledger.tsv": 1, "load.tsv": 1}
+    assert s["requests"] == 22
+
+
 # --- invariant 1 ------------------------------------------------------------
 
 def test_1_hold_second_forward(tmp_path):
