@@ -10,6 +10,7 @@ with a waiter on the other instance, a held attempt whose record will fail,
 a few seconds of load on both instances), and each test then checks one
 promise against what the stub upstream received and what the new primary
 holds."""
+import json
 import os
 import random
 import threading
@@ -303,3 +304,64 @@ def test_the_retrier_writes_a_record_that_failed_during_the_failover(scenario, f
         assert is_replay(again) and again.content == late.content
     assert fo_stub.count(key=scenario.late_key) == 1
 
+
+def log_entries(proxy):
+    out = []
+    for line in proxy.log().splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
+def test_the_failover_is_logged_once_per_instance(scenario, pair, proxies):
+    # one event per instance, naming the server before and after; the
+    # connections that found the old primary gone say so at debug level
+    for p in proxies:
+        lines = log_entries(p)
+        events = [e for e in lines if e.get("msg") == "store failover"]
+        assert len(events) == 1, events
+        (e,) = events
+        fields = dict(w.split("=", 1) for w in e["detail"].split() if "=" in w)
+        assert e["level"] == "warn"
+        assert fields["from"] == "127.0.0.1:%d" % pair.primary_port, e
+        assert fields["to"] == "127.0.0.1:%d" % pair.standby_port, e
+        lost = [e for e in lines if e.get("msg") == "store connection lost"]
+        assert len(lost) <= 1 and all(e["level"] == "warn" for e in lost), lost
+        back = [e for e in lines if e.get("msg") == "store connection re-established"]
+        assert not back, back
+        assert counter(p, "idemproxy_store_failovers_total") == 1
+
+
+def sockets_to(pid, port):
+    """The TCP sockets of process pid whose remote port is port, with their
+    state (from /proc/<pid>/fd and /proc/<pid>/net/tcp)."""
+    inodes = set()
+    fd_dir = "/proc/%d/fd" % pid
+    for fd in os.listdir(fd_dir):
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    with open("/proc/%d/net/tcp" % pid) as f:
+        next(f)
+        for line in f:
+            cols = line.split()
+            remote_port = int(cols[2].split(":")[1], 16)
+            if cols[9] in inodes and remote_port == port:
+                found.append((cols[1], cols[2], cols[3]))
+    return found
+
+
+def test_no_connection_of_the_proxy_stays_on_the_dead_primary(scenario, pair, proxies):
+    # Idle connections (the admin listener's, the record retrier's, idle
+    # workers' and batch lanes') were left half-closed on the dead primary
+    # until their next use.
+    for p in proxies:
+        assert sockets_to(p.proc.pid, pair.primary_port) == [], p.log_path
