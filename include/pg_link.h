@@ -39,6 +39,16 @@ typedef struct pg_link {
 	char server[96]; /* host:port conn went to */
 } pg_link;
 
+/* What every store connection gets unless database.url sets it (the URL
+ * comes last and wins): TCP keepalives after 10 s idle, every 5 s, 3
+ * unanswered ones close the connection (a server gone silent, not only
+ * one that closed, is found within 25 s even on an idle connection), and
+ * data unacknowledged for 10 s closes it too (doc/operations.md#failover). */
+#define PG_LINK_TCP_KEYS \
+	"keepalives", "keepalives_idle", "keepalives_interval", \
+		"keepalives_count", "tcp_user_timeout"
+#define PG_LINK_TCP_VALS "1", "10", "5", "3", "10000"
+
 void pg_link_init(pg_link *l, const char *url, const char *app,
 		  int64_t statement_timeout_ms);
 void pg_link_close(pg_link *l);

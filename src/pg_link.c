@@ -403,12 +403,9 @@ int pg_link_connect(pg_link *l, bool *fresh, char *err, size_t errlen)
 		return -1;
 	}
 	/* Our defaults first; the expanded URL (last) overrides any of them. */
-	const char *keys[] = {"connect_timeout", "keepalives",
-			      "keepalives_idle", "keepalives_interval",
-			      "keepalives_count", "tcp_user_timeout",
+	const char *keys[] = {"connect_timeout", PG_LINK_TCP_KEYS,
 			      "application_name", "dbname", NULL};
-	const char *vals[] = {"3", "1", "10", "5", "3", "10000", l->app,
-			      l->url, NULL};
+	const char *vals[] = {"3", PG_LINK_TCP_VALS, l->app, l->url, NULL};
 	char why[320];
 	PGconn *c = connect_params(keys, vals, why, sizeof why);
 	if (!c || PQstatus(c) != CONNECTION_OK) {

@@ -54,7 +54,7 @@ def fo_stub(tmp_path_factory):
     stop_stub(s)
 
 
-def start_proxy(tmp, name, stub, pair):
+def start_proxy(tmp, name, stub, pair, url=None):
     port, admin_port = free_port(), free_port()
     routes = default_routes(stub.url)
     for r in routes:
@@ -69,7 +69,7 @@ def start_proxy(tmp, name, stub, pair):
         "log_level": "info",
         "log_flush_interval": "0s",
         # a batch held by the test's rows is waited for (test_batch.py)
-        "database": {"url": pair.url, "batch_stall": "1h"},
+        "database": {"url": url or pair.url, "batch_stall": "1h"},
         "reaper": {"interval": "200ms"},
         # every replay comes from the store, so from the new primary
         "replay_cache_size": 0,
@@ -337,8 +337,9 @@ def test_the_failover_is_logged_once_per_instance(scenario, pair, proxies):
 
 
 def sockets_to(pid, port):
-    """The TCP sockets of process pid whose remote port is port, with their
-    state (from /proc/<pid>/fd and /proc/<pid>/net/tcp)."""
+    """The TCP sockets of process pid whose remote port is port: local and
+    remote address, state, and the timer running (from /proc/<pid>/fd and
+    /proc/<pid>/net/tcp; timer 02 is the keepalive timer)."""
     inodes = set()
     fd_dir = "/proc/%d/fd" % pid
     for fd in os.listdir(fd_dir):
@@ -355,7 +356,7 @@ def sockets_to(pid, port):
             cols = line.split()
             remote_port = int(cols[2].split(":")[1], 16)
             if cols[9] in inodes and remote_port == port:
-                found.append((cols[1], cols[2], cols[3]))
+                found.append((cols[1], cols[2], cols[3], cols[5].split(":")[0]))
     return found
 
 
@@ -365,3 +366,38 @@ def test_no_connection_of_the_proxy_stays_on_the_dead_primary(scenario, pair, pr
     # until their next use.
     for p in proxies:
         assert sockets_to(p.proc.pid, pair.primary_port) == [], p.log_path
+
+
+ESTABLISHED = "01"
+KEEPALIVE_TIMER = "02"
+
+
+def keepalive_timers(pid, port, samples=10):
+    """{local address: whether its keepalive timer was seen} for the
+    process's established connections to port. A connection that just
+    sent shows its retransmission timer instead for a moment (the reaper
+    runs every 200 ms), so a few looks are taken."""
+    seen = {}
+    for _ in range(samples):
+        for local, _, state, timer in sockets_to(pid, port):
+            if state == ESTABLISHED:
+                seen[local] = seen.get(local, False) or timer == KEEPALIVE_TIMER
+        time.sleep(0.03)
+    return seen
+
+
+def test_store_connections_keep_alive_unless_the_url_says_otherwise(
+        scenario, pair, proxies, fo_stub, tmp_path):
+    # every connection to the new primary runs TCP keepalives
+    for p in proxies:
+        seen = keepalive_timers(p.proc.pid, pair.standby_port)
+        assert seen and all(seen.values()), seen
+    # database.url's own setting wins
+    p = start_proxy(str(tmp_path), "nokeepalive", fo_stub, pair,
+                    url=pair.url + "&keepalives=0")
+    try:
+        assert pay(p, new_key("nokeepalive")).status_code == 201
+        seen = keepalive_timers(p.proc.pid, pair.standby_port)
+        assert seen and not any(seen.values()), seen
+    finally:
+        assert p.stop() == 0
