@@ -75,6 +75,8 @@ def start_proxy(tmp, name, stub, pair, url=None):
         "replay_cache_size": 0,
         "routes": routes,
     }
+    if os.environ.get("IDEMPROXY_TEST_BUSY_POLL"):   # as make_proxy does
+        settings["busy_poll"] = os.environ["IDEMPROXY_TEST_BUSY_POLL"]
     conf = os.path.join(tmp, "%s.conf" % name)
     with open(conf, "w") as f:
         f.write(render_conf(settings))
