@@ -19,6 +19,7 @@
 #include "metrics.h"
 #include "notify_listen.h"
 #include "offload.h"
+#include "pg_link.h"
 #include "proxy.h"
 #include "reaper.h"
 #include "reencrypt.h"
@@ -286,6 +287,7 @@ static metrics_reading *publish_readings(void)
 	store_batch_publish(NULL);
 	offload_publish();
 	busy_publish();
+	pg_link_publish();
 	return lag;
 }
 
