@@ -53,6 +53,7 @@ typedef struct config {
 
 	int64_t reaper_interval_ms;
 	int reaper_batch;
+	int64_t reaper_durability_interval_ms; /* store durability re-read */
 
 	char *seal_keys_file; /* store_encryption.keys; "" = off */
 	seal_keyring *seal;   /* loaded with the conf; NULL = off */

@@ -12,6 +12,7 @@
 #define IDEMPROXY_LOG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "util.h"
@@ -36,6 +37,14 @@ bool log_enabled(enum log_level level);
 /* A free-form event line: msg plus optional "k=v" pairs rendered as fields. */
 void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+
+/* in, with its line breaks folded into out (n bytes, always terminated):
+ * libpq's messages span lines ("...refused\n\tIs the server...?\n"). A
+ * run of blanks holding a line break becomes "; " (a space after a '.',
+ * ':', ';', '?' or '!' that already ends a phrase), a run holding a tab
+ * one space; a line break at the end of the text or of a quoted value
+ * is dropped. log_event folds every line's fields this way. */
+void log_fold_lines(char *out, size_t n, const char *in);
 
 /* Appends v as a logfmt value: bare when it is visible ASCII without '"',
  * '\\', '=' or space (and not "-", which stands for no value), else in

@@ -29,9 +29,15 @@ void metrics_observe_store_ms(double ms);
 void metrics_observe_upstream_ms(double ms);
 void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
-/* This process's wall clock minus the database's (not exported until
- * first set). */
+/* This process's wall clock minus the database's (NaN until first
+ * set). */
 void metrics_set_clock_offset(double offset_s);
+/* What the store offers (durability.h): the standbys a commit waits for,
+ * whether they were counted in pg_stat_replication (or taken from
+ * synchronous_standby_names), and synchronous_commit. Shown from the
+ * first call on. */
+void metrics_set_store_durability(int standbys, bool counted,
+				  const char *synchronous_commit);
 void metrics_set_replay_cache(size_t entries, size_t bytes);
 /* Seals per key id as stored (every instance's), the active key's count
  * (0: sealing off) and store_encryption.warn_seals. At most

@@ -1,7 +1,15 @@
 /* One PostgreSQL connection owned by one thread: connect with sane
  * defaults (timeouts, keepalives, statement_timeout), notice when it broke,
  * reconnect on next use, and log only the transitions (lost / back). Shared
- * by the store (workers, reaper) and the admin API's queries. */
+ * by the store (workers, reaper) and the admin API's queries.
+ *
+ * The links of a process also know of each other: the first connection
+ * found lost makes every other link look at its own before its next use
+ * (those already half-closed are shut at once), and a connection made to
+ * another server than the last one (libpq's multi-host URL after a
+ * failover) retires every connection still on the old one. The process
+ * logs one `store connection lost` and one `store failover` (or `store
+ * connection re-established`) per event, whatever the number of links. */
 #ifndef IDEMPROXY_PG_LINK_H
 #define IDEMPROXY_PG_LINK_H
 
@@ -22,7 +30,24 @@ typedef struct pg_link {
 	double cap_ms;     /* no wait goes past this (mono_ms); 0: none */
 	bool stalled;      /* the last wait hit its deadline: conn dropped */
 	char why[64];      /* what the stall said */
+	/* Set while conn is open (pg_link.c's registry of links): */
+	struct pg_link *reg_prev, *reg_next;
+	bool registered;
+	bool swept;      /* shut by another link's sweep (under its lock) */
+	int sock;        /* conn's socket */
+	unsigned gen;    /* the registry's generation last looked at */
+	char server[96]; /* host:port conn went to */
 } pg_link;
+
+/* What every store connection gets unless database.url sets it (the URL
+ * comes last and wins): TCP keepalives after 10 s idle, every 5 s, 3
+ * unanswered ones close the connection (a server gone silent, not only
+ * one that closed, is found within 25 s even on an idle connection), and
+ * data unacknowledged for 10 s closes it too (doc/operations.md#failover). */
+#define PG_LINK_TCP_KEYS \
+	"keepalives", "keepalives_idle", "keepalives_interval", \
+		"keepalives_count", "tcp_user_timeout"
+#define PG_LINK_TCP_VALS "1", "10", "5", "3", "10000"
 
 void pg_link_init(pg_link *l, const char *url, const char *app,
 		  int64_t statement_timeout_ms);
@@ -38,6 +63,13 @@ void pg_link_set_statement_timeout(pg_link *l, int64_t ms);
  * must be prepared again). 0 or -1. */
 int pg_link_connect(pg_link *l, bool *fresh, char *err,
 		    size_t errlen) MUST_CHECK;
+
+/* Closes the connection (the next pg_link_connect makes a new one). Every
+ * close of l->conn goes through here or pg_link_close. */
+void pg_link_drop(pg_link *l);
+
+/* Adds idemproxy_store_failovers_total to /metrics (at start). */
+void pg_link_publish(void);
 
 /* After a failed call: PQstatus only changes after a failed read or write,
  * so drop a connection that broke. True if it was dropped (also when the

@@ -18,6 +18,9 @@ typedef struct reaper_config {
 	int batch;
 	const char *seal_active; /* the active key id; NULL: sealing off */
 	int64_t seal_warn;
+	/* What the store offers for durability (durability.h) is read again
+	 * this often, beside start, reload and reconnect. */
+	int64_t durability_interval_ms;
 } reaper_config;
 
 reaper *reaper_start(const char *db_url, const reaper_config *c,

@@ -149,6 +149,12 @@ static const cfg_opt cfg_reaper[] = {
 	 .reload = CFG_APPLY},
 	{.name = "batch", .conv = cfg_conv_int, .def = "1000", .min = 1,
 	 .max = 100000, .off = C_(reaper_batch), .reload = CFG_APPLY},
+	/* How often the store's synchronous standbys are read again between
+	 * the other checks (reaper.c): one cheap query; 30 s keeps the gauge
+	 * well within the 5 minutes IdemproxyStoreNotSynchronous waits. */
+	{.name = "durability_interval", .conv = cfg_conv_duration,
+	 .def = "\"30s\"", .min = 100, .max = CFG_MS_HOUR,
+	 .off = C_(reaper_durability_interval_ms), .reload = CFG_APPLY},
 };
 
 /* Settable in `defaults` and in each route. */

@@ -363,18 +363,76 @@ void log_field(growbuf *b, const char *name, const char *v)
 		growbuf_puts(b, "-");
 }
 
+static bool is_blank(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* A line break that ends the text, or a quoted value in it, is dropped. */
+static bool at_end(const char *q)
+{
+	return !*q || (*q == '"' && (!q[1] || q[1] == ' '));
+}
+
+/* What replaces the blanks [p, q) after out[0..k): NULL to keep them. */
+static const char *fold_sep(const char *p, const char *q, const char *out,
+			    size_t k)
+{
+	bool brk = false, tab = false;
+	for (; p < q; p++) {
+		brk = brk || *p == '\n' || *p == '\r';
+		tab = tab || *p == '\t';
+	}
+	if ((brk || tab) && at_end(q))
+		return "";
+	if (!brk && !tab)
+		return NULL;
+	if (!brk || (k > 0 && strchr(".:;?!", out[k - 1])))
+		return " ";
+	return "; ";
+}
+
+void log_fold_lines(char *out, size_t n, const char *in)
+{
+	size_t k = 0;
+	if (n == 0)
+		return;
+	for (const char *p = in; *p && k + 1 < n;) {
+		if (!is_blank(*p)) {
+			out[k++] = *p++;
+			continue;
+		}
+		const char *q = p;
+		while (is_blank(*q))
+			q++;
+		const char *sep = fold_sep(p, q, out, k);
+		if (!sep) {
+			sep = p; /* plain spaces stay */
+			p = q;
+			while (sep < q && k + 1 < n)
+				out[k++] = *sep++;
+			continue;
+		}
+		while (*sep && k + 1 < n)
+			out[k++] = *sep++;
+		p = q;
+	}
+	out[k] = '\0';
+}
+
 void log_event(enum log_level level, const char *msg, const char *fmt, ...)
 {
 	if (!log_enabled(level))
 		return;
 	char ts[40];
 	timestamp(ts, sizeof ts);
-	char fields[4096] = "";
+	char raw[4096] = "", fields[4096] = "";
 	if (fmt) {
 		va_list ap;
 		va_start(ap, fmt);
-		vsnprintf(fields, sizeof fields, fmt, ap);
+		vsnprintf(raw, sizeof raw, fmt, ap);
 		va_end(ap);
+		log_fold_lines(fields, sizeof fields, raw);
 	}
 	json_t *o = json_object();
 	json_object_set_new(o, "time", json_string(ts));

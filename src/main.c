@@ -19,6 +19,7 @@
 #include "metrics.h"
 #include "notify_listen.h"
 #include "offload.h"
+#include "pg_link.h"
 #include "proxy.h"
 #include "reaper.h"
 #include "reencrypt.h"
@@ -200,7 +201,7 @@ static reaper_config reaper_config_of(const config *c)
 	reaper_config rc = {c->statement_timeout_ms, c->reaper_interval_ms,
 			    c->reaper_batch,
 			    c->seal ? seal_keyring_active(c->seal) : NULL,
-			    c->seal_warn_seals};
+			    c->seal_warn_seals, c->reaper_durability_interval_ms};
 	return rc;
 }
 
@@ -286,6 +287,7 @@ static metrics_reading *publish_readings(void)
 	store_batch_publish(NULL);
 	offload_publish();
 	busy_publish();
+	pg_link_publish();
 	return lag;
 }
 

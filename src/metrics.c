@@ -107,6 +107,12 @@ static double g_oldest_age;
 static int g_store_up;
 static bool g_clock_measured;
 static double g_clock_offset;
+static struct {
+	bool known;
+	int standbys;
+	bool counted;
+	char commit[16];
+} g_durability;
 static uint64_t reaper_released, reaper_purged;
 static double reaper_last_success;
 static uint64_t cache_entries, cache_bytes;
@@ -417,6 +423,18 @@ void metrics_set_store_up(bool up)
 	pthread_mutex_unlock(&mu);
 }
 
+void metrics_set_store_durability(int standbys, bool counted,
+				  const char *synchronous_commit)
+{
+	pthread_mutex_lock(&mu);
+	g_durability.known = true;
+	g_durability.standbys = standbys;
+	g_durability.counted = counted;
+	label_copy(g_durability.commit, sizeof g_durability.commit,
+		   synchronous_commit);
+	pthread_mutex_unlock(&mu);
+}
+
 /* The process-wide table and every shard, summed (called with mu held). */
 static series *merged(int *n)
 {
@@ -644,6 +662,39 @@ static void render_set_values(growbuf *out)
 		      "Bytes held in the replay cache.", (double)cache_bytes);
 }
 
+/* The synchronous_commit levels, one series each (1 on the one in force),
+ * so that a level that changes leaves no stale series behind. */
+static const char *const commit_levels[] = {"off", "local", "remote_write",
+					    "on", "remote_apply"};
+
+/* With mu held; nothing before the first check. */
+static void render_durability(growbuf *out)
+{
+	if (!g_durability.known)
+		return;
+	render_scalar(out, "idemproxy_store_synchronous_standbys", "gauge",
+		      "Synchronous standbys a commit of the store waits for "
+		      "(0: a failover can lose acknowledged records).",
+		      (double)g_durability.standbys);
+	render_scalar(out, "idemproxy_store_synchronous_standbys_counted",
+		      "gauge",
+		      "1: standbys counted in pg_stat_replication; 0: taken "
+		      "from synchronous_standby_names (the role cannot see "
+		      "sync_state).",
+		      g_durability.counted ? 1.0 : 0.0);
+	growbuf_puts(out, "# HELP idemproxy_store_synchronous_commit The "
+			  "store's synchronous_commit for the proxy's "
+			  "sessions (1 on the level in force).\n"
+			  "# TYPE idemproxy_store_synchronous_commit gauge\n");
+	size_t n = sizeof commit_levels / sizeof *commit_levels;
+	for (size_t i = 0; i < n; i++) {
+		const char *l = commit_levels[i];
+		growbuf_printf(out, "%s{level=\"%s\"} %d\n",
+			       "idemproxy_store_synchronous_commit", l,
+			       !strcmp(l, g_durability.commit));
+	}
+}
+
 void metrics_render(growbuf *out)
 {
 	pthread_mutex_lock(&mu);
@@ -655,6 +706,7 @@ void metrics_render(growbuf *out)
 		      (double)log_lines_dropped());
 	render_readings(out);
 	render_set_values(out);
+	render_durability(out);
 	render_seals(out);
 	pthread_mutex_unlock(&mu);
 }

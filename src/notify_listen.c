@@ -70,12 +70,13 @@ static bool serve_connection(notify_listen *n)
 			char err[256];
 			pg_link_err(err, sizeof err, "listen",
 				    PQerrorMessage(n->link.conn));
-			log_warn("wake-up listener lost its connection; "
-				 "reconnecting", "%s", err);
-			if (!pg_link_drop_if_broken(&n->link)) {
-				PQfinish(n->link.conn);
-				n->link.conn = NULL;
-			}
+			/* pg_link logs the store's loss once for the
+			 * process, not once per connection. */
+			log_debug("wake-up listener lost its connection; "
+				  "reconnecting",
+				  "%s", err);
+			if (!pg_link_drop_if_broken(&n->link))
+				pg_link_drop(&n->link);
 			return false;
 		}
 		deliver(n);

@@ -13,6 +13,7 @@
 #include "metrics.h"
 #include "seal.h"
 #include "seal_tally.h"
+#include "store_pg_durability.h"
 #include "store_pg_reap.h"
 
 /* The settings a reload may change; the thread reads them at each pass. */
@@ -22,6 +23,7 @@ typedef struct reaper_settings {
 	int64_t statement_timeout_ms;
 	char seal_active[SEAL_ID_MAX + 1]; /* "": sealing off */
 	int64_t seal_warn;
+	int64_t dur_interval_ms;
 } reaper_settings;
 
 struct reaper {
@@ -40,6 +42,17 @@ struct reaper {
 	int64_t sweep_page; /* the sweep's next page (see store_sweep_leases) */
 	char seal_warned[SEAL_ID_MAX + 1]; /* the key last warned of */
 	bool clock_warned; /* the offset is beyond CLOCK_WARN_S (warned) */
+	/* What the store offers for durability (durability.h) is checked
+	 * when asked (start, reload: dur_why, under mu), when the
+	 * connection was made again since the last check (server_id), and
+	 * when dur_interval_ms has passed since the last one (dur_at,
+	 * CLOCK_MONOTONIC): a standby can drop out at any moment. */
+	const char *dur_why;
+	const char *dur_retry; /* a check that failed (reaper thread) */
+	struct timespec dur_at;
+	char server_id[160];
+	store_durability dur_last;
+	bool dur_known;
 };
 
 /* Above this offset from the database's clock, a warning. Leases and
@@ -153,6 +166,78 @@ static void clock_pass(reaper *r)
 	}
 }
 
+/* Whether two store_server_id values name the same host:port. */
+static bool same_server(const char *a, const char *b)
+{
+	const char *sa = strrchr(a, ' '), *sb = strrchr(b, ' ');
+	size_t na = sa ? (size_t)(sa - a) : strlen(a);
+	size_t nb = sb ? (size_t)(sb - b) : strlen(b);
+	return na == nb && !strncmp(a, b, na);
+}
+
+static const char *take_dur_why(reaper *r)
+{
+	pthread_mutex_lock(&r->mu);
+	const char *why = r->dur_why;
+	r->dur_why = NULL;
+	pthread_mutex_unlock(&r->mu);
+	return why ? why : r->dur_retry;
+}
+
+static int64_t ms_since(struct timespec t)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (int64_t)(now.tv_sec - t.tv_sec) * 1000 +
+	       (now.tv_nsec - t.tv_nsec) / 1000000;
+}
+
+static const char *durability_why(reaper *r, const char *id, int64_t every)
+{
+	const char *why = take_dur_why(r);
+	r->dur_retry = NULL;
+	if (why)
+		return why;
+	if (strcmp(id, r->server_id))
+		return same_server(id, r->server_id) ? "reconnect"
+						     : "new_server";
+	return ms_since(r->dur_at) >= every ? "periodic" : NULL;
+}
+
+/* A reconnect to the same server and a periodic check are logged only if
+ * what the store offers changed; a check that fails is made again at the
+ * next pass. */
+static void durability_pass(reaper *r, int64_t every_ms)
+{
+	char id[sizeof r->server_id];
+	store_server_id(r->st, id, sizeof id);
+	const char *why = durability_why(r, id, every_ms);
+	if (!why)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &r->dur_at);
+	bool quiet = !strcmp(why, "reconnect") || !strcmp(why, "periodic");
+	store_durability d;
+	char err[256];
+	if (store_read_durability(r->st, &d, err, sizeof err)) {
+		log_warn("store durability not known; checked again at the "
+			 "next reaper pass",
+			 "why=%s %s", why, err);
+		r->dur_retry = why;
+		return;
+	}
+	/* The check itself may have reconnected (the connection had broken
+	 * since the last one): a failover must not pass as periodic. */
+	store_server_id(r->st, id, sizeof id);
+	if (quiet && !same_server(id, r->server_id)) {
+		why = "new_server";
+		quiet = false;
+	}
+	snprintf(r->server_id, sizeof r->server_id, "%s", id);
+	durability_report(&d, r->dur_known ? &r->dur_last : NULL, why, quiet);
+	r->dur_last = d;
+	r->dur_known = true;
+}
+
 static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
@@ -182,6 +267,7 @@ static void pass(reaper *r, const reaper_settings *set)
 	metrics_set_processing(count, age);
 	clock_pass(r);
 	seal_pass(r, set);
+	durability_pass(r, set->dur_interval_ms);
 	if (released || purged)
 		log_info("reaper pass", "released=%d purged=%d processing=%lld",
 			 released, purged, (long long)count);
@@ -198,9 +284,28 @@ static struct timespec after_ms(struct timespec t, int64_t ms)
 	return t;
 }
 
+/* Whether the periodic durability check is due before *ts, which then
+ * becomes its time (with mu held). Not while the store is down: the pass
+ * that finds it again checks on its new connection. */
+static bool check_first(const reaper *r, struct timespec *ts)
+{
+	if (r->was_down)
+		return false;
+	int64_t left = r->set.dur_interval_ms - ms_since(r->dur_at);
+	struct timespec now; /* the condition variable's clock */
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	struct timespec at = after_ms(now, left > 0 ? left : 0);
+	if (at.tv_sec > ts->tv_sec ||
+	    (at.tv_sec == ts->tv_sec && at.tv_nsec >= ts->tv_nsec))
+		return false;
+	*ts = at;
+	return true;
+}
+
 /* Between passes it sleeps for the interval; a reload wakes it so that a
  * new interval counts from the end of the last pass, not from the end of
- * the old interval. */
+ * the old interval, and checks the store's durability at once. A periodic
+ * durability check due before the next pass is made on its own. */
 static void *reaper_main(void *arg)
 {
 	reaper *r = arg;
@@ -213,10 +318,22 @@ static void *reaper_main(void *arg)
 		struct timespec done;
 		clock_gettime(CLOCK_MONOTONIC, &done);
 		while (!r->stopping) {
+			if (r->dur_why) {
+				int64_t every = r->set.dur_interval_ms;
+				pthread_mutex_unlock(&r->mu);
+				durability_pass(r, every);
+				pthread_mutex_lock(&r->mu);
+				continue;
+			}
 			struct timespec ts = after_ms(done, r->set.interval_ms);
-			if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) ==
+			bool check = check_first(r, &ts);
+			if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) !=
 			    ETIMEDOUT)
+				continue;
+			if (!check)
 				break;
+			if (!r->dur_why)
+				r->dur_why = "periodic";
 		}
 	}
 	reaper_settings last = r->set;
@@ -233,6 +350,9 @@ static reaper_settings settings_of(const reaper_config *c)
 		.batch = c->batch > 0 ? c->batch : 1000,
 		.statement_timeout_ms = c->statement_timeout_ms,
 		.seal_warn = c->seal_warn > 0 ? c->seal_warn : 1,
+		.dur_interval_ms = c->durability_interval_ms > 0
+					   ? c->durability_interval_ms
+					   : 30000,
 	};
 	snprintf(s.seal_active, sizeof s.seal_active, "%s",
 		 c->seal_active ? c->seal_active : "");
@@ -247,6 +367,7 @@ reaper *reaper_start(const char *db_url, const reaper_config *c,
 	store_set_distributed(r->st, distributed);
 	r->set = settings_of(c);
 	snprintf(r->since, sizeof r->since, "-infinity");
+	r->dur_why = "start";
 	pthread_mutex_init(&r->mu, NULL);
 	/* The interval is a duration: a step of the wall clock must not
 	 * stretch or cut the wait. */
@@ -264,6 +385,7 @@ void reaper_configure(reaper *r, const reaper_config *c)
 {
 	pthread_mutex_lock(&r->mu);
 	r->set = settings_of(c);
+	r->dur_why = "reload";
 	pthread_cond_signal(&r->cv);
 	pthread_mutex_unlock(&r->mu);
 }

@@ -100,9 +100,7 @@ static inline int exec_ok(store *s, PGresult *res, ExecStatusType want,
 /* The next call starts over on a new connection. */
 static inline void drop_conn(store *s)
 {
-	if (s->link.conn)
-		PQfinish(s->link.conn);
-	s->link.conn = NULL;
+	pg_link_drop(&s->link);
 }
 
 static inline int64_t get_i64(const char *p)

@@ -13,9 +13,10 @@
  * the schema, which may not exist yet. */
 static PGconn *plain_connect(store *s, char *err, size_t errlen)
 {
-	const char *keys[] = {"connect_timeout", "application_name", "dbname",
+	const char *keys[] = {"connect_timeout", PG_LINK_TCP_KEYS,
+			      "application_name", "dbname", NULL};
+	const char *vals[] = {"5", PG_LINK_TCP_VALS, "idemproxy", s->link.url,
 			      NULL};
-	const char *vals[] = {"5", "idemproxy", s->link.url, NULL};
 	PGconn *c = PQconnectdbParams(keys, vals, 1);
 	if (!c || PQstatus(c) != CONNECTION_OK) {
 		pg_link_err(err, errlen, "connect",

@@ -123,6 +123,7 @@ static void assert_top_defaults(const config *c)
 	assert_false(c->db_citus);
 	assert_int_equal(c->reaper_interval_ms, 5000);
 	assert_int_equal(c->reaper_batch, 1000);
+	assert_int_equal(c->reaper_durability_interval_ms, 30000);
 }
 
 static void test_example_conf(void **state)
@@ -190,7 +191,8 @@ static void test_top_level_values(void **state)
 			      "  statement_timeout = \"250ms\";\n"
 			      "  unavailable = \"forward\";\n"
 			      "  distributed = \"citus\"; };\n"
-			      "reaper = { interval = \"1m\"; batch = 10; };\n" ROUTE_A);
+			      "reaper = { interval = \"1m\"; batch = 10; "
+			      "durability_interval = \"2s\"; };\n" ROUTE_A);
 	if (!c)
 		fail_msg("%s", err);
 	assert_string_equal(c->listen, "[::]:9090");
@@ -210,6 +212,7 @@ static void test_top_level_values(void **state)
 	assert_true(c->db_citus);
 	assert_int_equal(c->reaper_interval_ms, 60000);
 	assert_int_equal(c->reaper_batch, 10);
+	assert_int_equal(c->reaper_durability_interval_ms, 2000);
 	config_unref(c);
 }
 

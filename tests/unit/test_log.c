@@ -200,10 +200,38 @@ static void test_request_line_random(void **state)
 	}
 }
 
+static void folded_is(const char *in, const char *want)
+{
+	char out[256];
+	log_fold_lines(out, sizeof out, in);
+	assert_string_equal(out, want);
+}
+
+static void test_fold_lines(void **state)
+{
+	(void)state;
+	folded_is("plain  two spaces", "plain  two spaces");
+	folded_is("failed: Connection refused\n\tIs the server running?\n",
+		  "failed: Connection refused; Is the server running?");
+	folded_is("unexpectedly\n\tThis probably means the server\n\tbefore "
+		  "it.\ninvalid socket\n",
+		  "unexpectedly; This probably means the server; before it. "
+		  "invalid socket");
+	folded_is("error=\"refused\n\tIs it?\n\" who=w",
+		  "error=\"refused; Is it?\" who=w");
+	folded_is("a\r\nb", "a; b");
+	folded_is("a \tb\t", "a b");
+	folded_is("\n", "");
+	char small[6];
+	log_fold_lines(small, sizeof small, "ab\n\tcdef");
+	assert_string_equal(small, "ab; c");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_quote),
+		cmocka_unit_test(test_fold_lines),
 		cmocka_unit_test(test_field),
 		cmocka_unit_test(test_request_line_fixed),
 		cmocka_unit_test(test_request_line_random),
