@@ -104,9 +104,31 @@ bool upstream_is_hop_header(const char *name)
 
 /* --- the sockets under the connections ------------------------------------ */
 
+/* Every upstream socket closes abortively (RST, its queues dropped): a
+ * plain close of a socket whose request the upstream has not acknowledged
+ * leaves an orphan that the kernel retransmits until it gets through, so a
+ * request given up on (timeout, lease deadline, shutdown) could still
+ * arrive and execute after its lease ended. Set on every socket because
+ * libcurl closes a connection itself (its own timeout) before the transfer
+ * ends, and its close callback is told no reason. A connection closed idle
+ * has nothing unacknowledged: the upstream only sees a reset instead of an
+ * end of stream (a TLS close_notify may be cut off; HTTP/1.1 framing does
+ * not rely on it), and the option costs one call per new connection. */
+static int set_abortive_close(curl_socket_t fd)
+{
+	struct linger l = {.l_onoff = 1, .l_linger = 0};
+	return setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+}
+
 static int on_sockopt(void *p, curl_socket_t fd, curlsocktype purpose)
 {
 	upstream *u = p;
+	if (set_abortive_close(fd) < 0) {
+		/* Nothing was sent yet: the attempt ends as not sent. */
+		log_warn("upstream socket: SO_LINGER failed; not sending",
+			 "errno=%d", errno);
+		return CURL_SOCKOPT_ERROR;
+	}
 	if (u->n_socks == u->cap_socks) {
 		u->cap_socks = u->cap_socks ? 2 * u->cap_socks : 8;
 		u->socks = xrealloc(u->socks, u->cap_socks * sizeof *u->socks);
