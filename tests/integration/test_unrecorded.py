@@ -60,6 +60,7 @@ def cut_records(relay, shots):
 
 def unrecorded(r):
     return (r.status_code == 503 and
+            r.json()["title"] == "Upstream answer could not be recorded" and
             r.headers.get("Content-Type", "").startswith("application/problem+json") and
             r.json()["code"] == "idempotency_outcome_unrecorded")
 
