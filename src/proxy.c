@@ -738,7 +738,6 @@ static enum record_end record(proxy_worker *w, job *j, const request_plan *p,
 			      enum decide_record what,
 			      const upstream_resp *resp, double lease_end_ms)
 {
-	(void)c;
 	if (what == REC_LEAVE)
 		return RECORD_WRITTEN;
 	char err[256];
