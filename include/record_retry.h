@@ -1,6 +1,9 @@
 /* Records the outcome of an attempt in the background when the worker could
- * not (the store was down, even after one reconnect), so that a known answer
- * is not forgotten while the attempt's lease lasts. One thread with its own
+ * not (the store was down, even after one reconnect), so that a known outcome
+ * is not forgotten while the attempt's lease lasts. The proxy hands it
+ * releases only: a completed answer is written by its worker while its
+ * client waits, since no client may get an answer its key will not replay
+ * (doc/design.md "When things fail"). One thread with its own
  * store connection; it retries each pending record with backoff until it is
  * written, fenced, or its lease ends. Every write is fenced by the owner
  * token, so trying again is always safe. */

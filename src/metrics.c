@@ -560,7 +560,7 @@ static const char *const known_events[] = {
 	"replay_cache_hit", "overloaded", "record_deferred", "record_retried",
 	"upstream_connection_desync", "record_unreadable", "request_timeout",
 	"store_batch_failed", "lease_expired", "store_wait_timeout",
-	"store_batch_late"};
+	"store_batch_late", "outcome_unrecorded"};
 
 /* Exports at 0 the series alerts count from the start (the known events,
  * both kinds of batch), so that their rates start at 0. With mu held. */

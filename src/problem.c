@@ -34,6 +34,8 @@ static const struct problem_def problems[] = {
 	{ "idempotency_store_unavailable", "Idempotency store unavailable" },
 	{ "idempotency_lease_expired",
 	  "Idempotency-Key lease too short to send the request" },
+	{ "idempotency_outcome_unrecorded",
+	  "Upstream answer could not be recorded" },
 	{ "overloaded", "Proxy overloaded" },
 	{ "shutting_down", "Proxy shutting down" },
 	{ "request_timeout", "Request not received in time" },

@@ -3,10 +3,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "coding.h"
-#include "fingerprint.h"
 #include "decide.h"
+#include "fiber.h"
+#include "fingerprint.h"
 #include "log.h"
 #include "metrics.h"
 #include "offload.h"
@@ -210,9 +212,8 @@ static void send_upstream(proxy_worker *w, job *j, const route_cfg *r,
 	header_list_free(&hdrs);
 	j->upstream_ms += resp->ms;
 	metrics_observe_upstream_ms(resp->ms);
-	metrics_upstream_response(r->name, resp->outcome == UP_RESPONSE
-						   ? resp->status
-						   : 0);
+	metrics_upstream_response(
+		r->name, resp->outcome == UP_RESPONSE ? resp->status : 0);
 }
 
 /* Hands the upstream's response to the client as it is. */
@@ -279,13 +280,12 @@ static void fp_job_run(void *arg)
 
 /* The fingerprint of j's request into fp, or (fp NULL) its raw form into
  * raw; false when the raw form is larger than RAW_FORM_MAX. */
-static bool fingerprint_of(const job *j, const route_cfg *r,
-			   uint8_t fp[FP_LEN], growbuf *raw)
+static bool fingerprint_of(const job *j, const route_cfg *r, uint8_t fp[FP_LEN],
+			   growbuf *raw)
 {
 	size_t n = r->fingerprint_headers.n;
 	const char *one[1];
-	const char **values =
-		n <= 1 ? one : xcalloc(n, sizeof *values);
+	const char **values = n <= 1 ? one : xcalloc(n, sizeof *values);
 	for (size_t i = 0; i < n; i++)
 		values[i] = header_list_get(&j->req_headers,
 					    r->fingerprint_headers.v[i]);
@@ -293,8 +293,8 @@ static bool fingerprint_of(const job *j, const route_cfg *r,
 		.method = j->method,
 		.route = r->name,
 		.raw_target = j->target,
-		.content_type = header_list_get(&j->req_headers,
-						"Content-Type"),
+		.content_type =
+			header_list_get(&j->req_headers, "Content-Type"),
 		.n_headers = n,
 		.header_names = (const char *const *)r->fingerprint_headers.v,
 		.header_values = values,
@@ -376,8 +376,8 @@ static bool replay_decodes(const job *j, const char *headers,
 	header_list h = {0};
 	growbuf ce = {0};
 	decide_decode_replay_headers(headers, headers_len, &h);
-	bool r = coding_of(&h, &ce) && !coding_accepted(&j->req_headers,
-							 ce.data);
+	bool r = coding_of(&h, &ce) &&
+		 !coding_accepted(&j->req_headers, ce.data);
 	growbuf_free(&ce);
 	header_list_free(&h);
 	return r;
@@ -391,8 +391,7 @@ static void respond_replay(job *j, int status, const char *headers,
 	j->status = status;
 	header_list_free(&j->resp_headers);
 	decide_decode_replay_headers(headers, headers_len, &j->resp_headers);
-	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true",
-			4);
+	header_list_add(&j->resp_headers, "Idempotent-Replayed", 19, "true", 4);
 	replay_body(j, body, body_len);
 }
 
@@ -431,8 +430,8 @@ static void cache_put(proxy_worker *w, const job *j, const request_plan *p,
 static seal_scope scope_of(const job *j, const request_plan *p, int status,
 			   bool has_body)
 {
-	seal_scope sc = {p->tenant, p->route->name, p->key, j->fp, status,
-			 has_body};
+	seal_scope sc = {p->tenant, p->route->name, p->key,
+			 j->fp,     status,         has_body};
 	return sc;
 }
 
@@ -510,8 +509,8 @@ static void make_stored(proxy_worker *w, const job *j, const request_plan *p,
 			size_t body_len, stored_form *out)
 {
 	const seal_keyring *k = j->cfg->seal;
-	*out = (stored_form){plain_h->data ? plain_h->data : "",
-			     plain_h->len, body, body_len, NULL};
+	*out = (stored_form){plain_h->data ? plain_h->data : "", plain_h->len,
+			     body, body_len, NULL};
 	if (!k)
 		return;
 	seal_scope sc = scope_of(j, p, status, body != NULL);
@@ -532,15 +531,19 @@ static void make_stored(proxy_worker *w, const job *j, const request_plan *p,
 /* How this job's claim and record may be batched with other workers'. */
 static store_batch_use batch_use(proxy_worker *w, const job *j)
 {
-	store_batch_use u = {w->batch, w->st, j->cfg->db_batch,
+	store_batch_use u = {w->batch,
+			     w->st,
+			     j->cfg->db_batch,
 			     j->cfg->statement_timeout_ms,
-			     j->cfg->db_batch_stall_ms, 0};
+			     j->cfg->db_batch_stall_ms,
+			     0};
 	return u;
 }
 
-/* A write the worker could not make (the store failed, even after one
+/* A release the worker could not make (the store failed, even after one
  * reconnect) goes to the background retrier, which keeps trying until the
- * attempt's lease ends; the client is answered now. */
+ * attempt's lease ends; the client is answered now (a released key
+ * replays nothing). A complete never comes here: see record_again. */
 static void defer_record(proxy_worker *w, const job *j, const record_key *k,
 			 enum decide_record what, int status,
 			 const stored_form *sf, bool replayable,
@@ -590,82 +593,196 @@ static int record_write(proxy_worker *w, job *j, const request_plan *p,
 	o->keep_body = !r->status_only;
 	if (what == REC_RELEASE)
 		return store_release(w->st, k, &o->fenced, err, errlen);
-	o->replayable = r->status_only ||
-			(!resp->too_large && (int64_t)resp->body.len <=
-						     j->cfg->max_stored_response);
+	o->replayable = r->status_only || (!resp->too_large &&
+					   (int64_t)resp->body.len <=
+						   j->cfg->max_stored_response);
 	o->keep_body = o->keep_body && o->replayable;
 	decide_encode_replay_headers(r, &resp->headers, h);
 	make_stored(w, j, p, resp->status, h,
 		    o->keep_body ? (resp->body.data ? resp->body.data : "")
 				 : NULL,
 		    o->keep_body ? resp->body.len : 0, &o->sf);
-	complete_req q = {k,		   resp->status,   o->sf.headers,
-			  o->sf.headers_len, o->sf.body,     o->sf.body_len,
-			  o->replayable,     o->sf.seal_key};
+	complete_req q = {
+		k,          resp->status,   o->sf.headers, o->sf.headers_len,
+		o->sf.body, o->sf.body_len, o->replayable, o->sf.seal_key};
 	store_batch_use u = batch_use(w, j);
 	u.lease_end_ms = lease_end_ms;
 	return store_batch_complete(&u, &q, &o->fenced, err, errlen);
 }
 
-/* After the write: a failure goes to the retrier while the lease lasts
- * (else it is logged), a fenced one is logged, a replayable answer is
- * cached, and this instance's waiters are woken. */
-static void record_settled(proxy_worker *w, job *j, const request_plan *p,
-			   const record_key *k, enum decide_record what,
-			   const upstream_resp *resp, double lease_end_ms,
-			   const record_done *o, int rc, const char *err)
+/* How a record's write ended; only a written answer goes to the client. */
+enum record_end { RECORD_WRITTEN, RECORD_UNRECORDED, RECORD_FENCED };
+
+/* Backoff between the worker's own tries of a record that failed. */
+#define RECORD_AGAIN_FIRST_MS 50.0
+#define RECORD_AGAIN_MAX_MS 1000.0
+
+/* Waits without blocking the serving loop: through the scheduler on a
+ * fiber, in the kernel on a plain thread. */
+static void pause_until(double until_ms)
+{
+	double left = until_ms - mono_ms();
+	if (left <= 0)
+		return;
+	if (fiber_current()) {
+		(void)fiber_wait_fds(0, NULL, NULL, NULL, until_ms);
+		return;
+	}
+	struct timespec ts = {
+		(time_t)(left / 1000),
+		(long)((left - (double)(long long)(left / 1000) * 1000) * 1e6)};
+	nanosleep(&ts, NULL);
+}
+
+/* The answer's record failed: the worker writes it again itself, with
+ * backoff, while the client waits, until the lease less its margin (then
+ * another attempt may take the key over). Each try is a repeat (an earlier
+ * one may have committed) and keeps the store-wait deadline and that end.
+ * 0 when written (*fenced: by another attempt), -1 with err. */
+static int record_again(proxy_worker *w, const job *j, const request_plan *p,
+			const record_key *k, int status, const record_done *o,
+			double lease_end_ms, bool *fenced, char *err,
+			size_t errlen)
+{
+	double until = lease_end_ms - (double)route_lease_margin_ms(p->route);
+	record_key rk = *k;
+	rk.repeat = true;
+	complete_req q = {
+		&rk,        status,         o->sf.headers, o->sf.headers_len,
+		o->sf.body, o->sf.body_len, o->replayable, o->sf.seal_key};
+	double backoff = RECORD_AGAIN_FIRST_MS;
+	for (int tries = 1;; tries++) {
+		double next = mono_ms() + backoff;
+		if (next >= until)
+			return -1;
+		pause_until(next);
+		store_set_deadline(w->st, until);
+		int rc = store_complete_req(w->st, &q, fenced, err, errlen);
+		store_set_deadline(w->st, 0);
+		if (rc == 0) {
+			metrics_event("record_retried");
+			log_info("outcome recorded after the store came back",
+				 "request_id=%s route=%s key=%s tries=%d",
+				 j->request_id, p->route->name, p->key, tries);
+			return 0;
+		}
+		backoff = backoff * 2 > RECORD_AGAIN_MAX_MS
+				  ? RECORD_AGAIN_MAX_MS
+				  : backoff * 2;
+	}
+}
+
+/* A write that failed for good (or a release handed to the retrier). */
+static void record_lost(proxy_worker *w, const job *j, const request_plan *p,
+			const record_key *k, enum decide_record what,
+			const record_done *o, double lease_end_ms,
+			const char *err)
+{
+	if (what == REC_RELEASE && w->retry && mono_ms() < lease_end_ms) {
+		defer_record(w, j, k, what, 0, &o->sf, false, lease_end_ms,
+			     err);
+		return;
+	}
+	metrics_event("record_failed");
+	log_error("could not record the outcome; the record stays "
+		  "processing until its lease ends",
+		  "request_id=%s route=%s key=%s write=%s %s", j->request_id,
+		  p->route->name, j->key,
+		  what == REC_COMPLETE ? "complete" : "release", err);
+}
+
+/* After the write: a failed release goes to the retrier while the lease
+ * lasts (a failed complete was retried by record()), a fenced write is
+ * logged, a replayable answer is cached, and this instance's waiters are
+ * woken. */
+static enum record_end
+record_settled(proxy_worker *w, job *j, const request_plan *p,
+	       const record_key *k, enum decide_record what,
+	       const upstream_resp *resp, double lease_end_ms,
+	       const record_done *o, int rc, const char *err)
 {
 	const route_cfg *r = p->route;
-	if (rc && w->retry && mono_ms() < lease_end_ms) {
-		defer_record(w, j, k, what, resp->status, &o->sf,
-			     o->replayable, lease_end_ms, err);
-	} else if (rc) {
-		metrics_event("record_failed");
-		log_error("could not record the outcome; the record stays "
-			  "processing until its lease ends",
-			  "request_id=%s route=%s key=%s %s", j->request_id,
-			  r->name, j->key, err);
-	} else if (o->fenced) {
+	if (rc) {
+		record_lost(w, j, p, k, what, o, lease_end_ms, err);
+		return RECORD_UNRECORDED;
+	}
+	if (o->fenced) {
 		metrics_event("record_fenced");
 		log_warn("attempt lost its lease to another attempt; outcome "
 			 "not recorded",
 			 "request_id=%s route=%s key=%s", j->request_id,
 			 r->name, j->key);
-	} else if (what == REC_COMPLETE && o->replayable) {
+		return RECORD_FENCED;
+	}
+	if (what == REC_COMPLETE && o->replayable)
 		cache_put(w, j, p, resp->status, w->scratch.data,
 			  w->scratch.len, o->keep_body ? resp->body.data : "",
 			  o->keep_body ? resp->body.len : 0);
-	}
 	/* Waiters on this instance are woken here, without the round trip
 	 * through the database's NOTIFY. */
-	if (rc == 0 && !o->fenced && w->waiters && waiters_any(w->waiters)) {
+	if (w->waiters && waiters_any(w->waiters)) {
 		uint8_t scope[WAKE_SCOPE_LEN];
 		wake_scope(w->wake, p->tenant, r->name, p->key, scope);
 		waiters_wake(w->waiters, scope);
 	}
+	return RECORD_WRITTEN;
 }
 
-/* Records the outcome of the attempt this worker owns. A failure to record
- * is retried (at once on a fresh connection by the store, then in the
- * background until the lease ends), never hidden: until it is written the
- * record stays processing and the lease rules decide what a retry gets. */
-static void record(proxy_worker *w, job *j, const request_plan *p,
-		   const claim_result *c, const record_key *k,
-		   enum decide_record what, const upstream_resp *resp,
-		   double lease_end_ms)
+/* Records the outcome of the attempt this worker owns. A complete that
+ * fails is written again by the worker while the lease allows (the client
+ * waits: it never gets an answer whose record is not written); a release
+ * that fails goes to the background retrier. Until a record is written it
+ * stays processing and the lease rules decide what a retry gets. */
+static enum record_end record(proxy_worker *w, job *j, const request_plan *p,
+			      const claim_result *c, const record_key *k,
+			      enum decide_record what,
+			      const upstream_resp *resp, double lease_end_ms)
 {
 	if (what == REC_LEAVE)
-		return;
+		return RECORD_WRITTEN;
 	char err[256];
 	record_done o = {0};
 	double t0 = mono_ms();
 	int rc = record_write(w, j, p, k, what, resp, lease_end_ms, &o, err,
 			      sizeof err);
+	metrics_set_store_up(rc == 0 || !store_outage(w->st));
+	if (rc && what == REC_COMPLETE) {
+		log_warn("could not record the outcome; trying again while "
+			 "the client waits",
+			 "request_id=%s route=%s key=%s %s", j->request_id,
+			 p->route->name, j->key, err);
+		rc = record_again(w, j, p, k, resp->status, &o, lease_end_ms,
+				  &o.fenced, err, sizeof err);
+		metrics_set_store_up(rc == 0 || !store_outage(w->st));
+	}
 	double ms = mono_ms() - t0;
 	j->store_ms += ms;
 	metrics_observe_store_ms(ms);
-	metrics_set_store_up(rc == 0 || !store_outage(w->st));
-	record_settled(w, j, p, k, what, resp, lease_end_ms, &o, rc, err);
+	return record_settled(w, j, p, k, what, resp, lease_end_ms, &o, rc,
+			      err);
+}
+
+/* The upstream answered but its record is not written (the store stayed
+ * away until the lease's end, less its margin) or another attempt owns the
+ * key: the client must not get an answer the key will not replay. */
+static void outcome_unrecorded(job *j, const route_cfg *r, enum record_end end)
+{
+	j->outcome = "outcome_unrecorded";
+	metrics_event("outcome_unrecorded");
+	reply_problem(
+		j, 503, "idempotency_outcome_unrecorded",
+		end == RECORD_FENCED
+			? "the upstream was called and answered, but another "
+			  "attempt took the key over before the answer was "
+			  "recorded; a retry with the same key gets that "
+			  "attempt's outcome"
+			: "the upstream was called and answered, but the "
+			  "answer could not be recorded within the key's "
+			  "lease; "
+			  "a retry with the same key is held (on_unknown hold) "
+			  "or executed again after the lease "
+			  "(release_after_lease)",
+		decide_retry_after_s(r->lease_ms));
 }
 
 /* Too little of the attempt's lease is left for the whole upstream call:
@@ -679,13 +796,13 @@ static void lease_too_short(proxy_worker *w, job *j, const request_plan *p,
 	upstream_resp none = {0};
 	record(w, j, p, c, k, REC_RELEASE, &none, lease_end_ms);
 	metrics_event("lease_expired");
-	log_warn("too little of the attempt's lease left to send; released, "
-		 "nothing sent",
-		 "request_id=%s route=%s key=%s lease_left_ms=%.0f "
-		 "needed_ms=%lld",
-		 j->request_id, r->name, p->key, left_ms,
-		 (long long)(r->upstream_timeout_ms +
-			     route_lease_margin_ms(r)));
+	log_warn(
+		"too little of the attempt's lease left to send; released, "
+		"nothing sent",
+		"request_id=%s route=%s key=%s lease_left_ms=%.0f "
+		"needed_ms=%lld",
+		j->request_id, r->name, p->key, left_ms,
+		(long long)(r->upstream_timeout_ms + route_lease_margin_ms(r)));
 	j->outcome = "lease_expired";
 	reply_problem(j, 503, "idempotency_lease_expired",
 		      "the key was claimed too late to finish the upstream "
@@ -712,11 +829,12 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 	upstream_resp resp;
 	send_upstream(w, j, r, lease_end_ms - (double)margin, &resp);
 	bool got = resp.outcome == UP_RESPONSE;
-	enum decide_record what =
-		decide_record_for(r, got, resp.outcome != UP_NOT_SENT,
-				  resp.status);
-	record(w, j, p, c, &k, what, &resp, lease_end_ms);
-	if (got && resp.too_large) {
+	enum decide_record what = decide_record_for(
+		r, got, resp.outcome != UP_NOT_SENT, resp.status);
+	enum record_end end = record(w, j, p, c, &k, what, &resp, lease_end_ms);
+	if (got && what == REC_COMPLETE && end != RECORD_WRITTEN) {
+		outcome_unrecorded(j, r, end);
+	} else if (got && resp.too_large) {
 		j->outcome = "forwarded";
 		response_too_large(j, &resp);
 	} else if (got) {
@@ -750,8 +868,7 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 		log_debug("store unavailable", "request_id=%s %s",
 			  j->request_id, err);
 	else
-		log_warn("store error", "request_id=%s %s", j->request_id,
-			 err);
+		log_warn("store error", "request_id=%s %s", j->request_id, err);
 	if (outage && j->cfg->db_unavailable_forward) {
 		metrics_event("forwarded_unprotected");
 		forward_unprotected(w, j, r);
@@ -772,8 +889,8 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 			 const char *err)
 {
 	metrics_set_store_up(!store_outage(w->st));
-	log_warn("store error while waiting", "request_id=%s %s",
-		 j->request_id, err);
+	log_warn("store error while waiting", "request_id=%s %s", j->request_id,
+		 err);
 	j->outcome = "store_unavailable";
 	reply_problem(j, 503, "idempotency_store_unavailable",
 		      "the idempotency store cannot be reached; retry later "

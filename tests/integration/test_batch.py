@@ -216,19 +216,26 @@ def test_a_record_the_database_refuses_fails_only_its_own(make_proxy, stub, pg):
                                                    good + [bad])
     failed0 = scrape(proxy).value("idemproxy_events_total", event="store_batch_failed")
     held.release()
-    reqs.join()
-    # The client has its answer; its record could not be written and is
-    # left to the background retries (and then to the lease rules).
-    (r,) = reqs.answers[bad]
-    assert r.status_code == 201 and stub.count(key=bad) == 1
-    assert pg.record(bad)["state"] == "processing"
     for k in good + waited:
+        wait_until(lambda k=k: k in reqs.answers, what="the answer for " + k)
         (r,) = reqs.answers[k]
         assert r.status_code == 201 and stub.count(key=k) == 1
         assert pg.record(k)["state"] == "completed"
+    wait_until(lambda: "trying again while the client waits" in proxy.log(),
+               what="the refused record to be tried again")
+    # Its record could not be written: its client waits while the worker
+    # tries again, and is answered once the database takes it.
+    assert bad not in reqs.answers, reqs.answers[bad][0].content
+    assert pg.record(bad)["state"] == "processing"
+    pg.execute("DROP TRIGGER refuse ON idempotency_records")
+    reqs.join()
+    (r,) = reqs.answers[bad]
+    assert r.status_code == 201 and stub.count(key=bad) == 1
+    assert pg.record(bad)["state"] == "completed"
     m = scrape(proxy)
     assert m.value("idemproxy_events_total", event="store_batch_failed") - failed0 == 1
-    assert m.value("idemproxy_events_total", event="record_deferred") == 1
+    assert m.value("idemproxy_events_total", event="record_deferred") == 0
+    assert m.value("idemproxy_events_total", event="record_retried") == 1
 
 
 def fire(proxy, n, threads=16):

@@ -185,8 +185,14 @@ def scenario(pair, fo_stub, proxies):
         time.sleep(LOAD_BEFORE_KILL)
         pair.kill_primary()
         fo_stub.release("late")
-        s.late_answer = joined(*s.late, what=s.late_key)
+        # answered while there is no primary: the client waits while the
+        # worker tries its record again, until the new primary takes it
+        wait_until(lambda: any(e.get("msg", "").startswith("could not record")
+                               and s.late_key in e.get("detail", "")
+                               for e in log_entries(one)),
+                   what="the late answer's record to fail")
         pair.promote()
+        s.late_answer = joined(*s.late, what=s.late_key)
         fo_stub.release("w")
         time.sleep(LOAD_AFTER_PROMOTE)
     s.original_answer = joined(*s.original, what="the original")
@@ -292,10 +298,10 @@ def test_the_admin_listener_answers_from_the_new_primary(scenario, proxies):
         assert g.json()["state"] == "completed", g.text
 
 
-def test_the_retrier_writes_a_record_that_failed_during_the_failover(scenario, fo_stub,
-                                                                    proxies):
-    # answered while there was no primary: the record waited in the
-    # background and reached the new one
+def test_a_record_that_failed_during_the_failover_is_written_before_the_answer(
+        scenario, fo_stub, proxies):
+    # answered by the upstream while there was no primary: the worker kept
+    # the client waiting and wrote the record to the new one, then answered
     late = scenario.late_answer
     assert late.status_code == 201 and not is_replay(late), late.content
     rec = wait_state(scenario.db, scenario.late_key, "completed", timeout=20)

@@ -28,7 +28,7 @@ RUNBOOK = os.path.join(ROOT, "doc", "runbook.md")
 # Events the proxy exports at 0 from the start, so that increase() sees the
 # first one (a counter that appears at 1 has no increase yet).
 EVENTS = ("record_failed", "record_fenced", "forwarded_unprotected", "replay_cache_hit",
-          "overloaded")
+          "overloaded", "outcome_unrecorded")
 
 
 # --- the metrics the alerts need ----------------------------------------------

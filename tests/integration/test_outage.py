@@ -233,12 +233,14 @@ def test_hung_statement_is_cut_by_statement_timeout(make_proxy, stub, pg):
 
 # --- an outcome that cannot be recorded ----------------------------------------
 
-def test_outcome_that_cannot_be_recorded_still_reaches_the_client(
+def test_outcome_that_cannot_be_recorded_is_not_given_to_the_client(
         make_proxy, stub, pg, pg_cluster):
-    # The store stays down for the whole lease: the background retries
-    # give up when it ends, and only then is record_failed counted. The
-    # lease also covers stopping PostgreSQL, which can take seconds on a
-    # loaded machine: the outcome must still be deferred, not given up.
+    # The store stays down for the whole lease: the worker's own tries of
+    # the record give up when it ends (less its margin), and only then is
+    # record_failed counted and the client answered, with 503
+    # idempotency_outcome_unrecorded instead of the upstream's 201 (a 201
+    # the key would never replay). The lease also covers stopping
+    # PostgreSQL, which can take seconds on a loaded machine.
     proxy = make_proxy(top={"workers": 1}, route_overrides={
         "create_payment": {"lease": "10s", "upstream_timeout": "5s"}})
     key = new_key("unrecorded")
@@ -257,15 +259,15 @@ def test_outcome_that_cannot_be_recorded_still_reaches_the_client(
             t.join(30)
             assert out, "no answer to the client"
             r = out[0]
-            # the upstream's answer, not an error and not lost
-            assert r.status_code == 201 and not is_replay(r), r.content
-            sent = stub.requests(key=key)
-            assert len(sent) == 1
-            assert r.json()["seq"] == sent[0].seq
-            assert counter(proxy, "idemproxy_events_total", event="record_deferred") == 1
-            wait_until(lambda: counter(proxy, "idemproxy_events_total",
-                                       event="record_failed") - failed0 == 1,
-                       timeout=30, what="the background retries to give up")
+            # not the upstream's answer: it is not recorded
+            assert r.status_code == 503, r.content
+            assert r.json()["code"] == "idempotency_outcome_unrecorded", r.content
+            assert len(stub.requests(key=key)) == 1
+            assert counter(proxy, "idemproxy_events_total", event="record_deferred") == 0
+            assert counter(proxy, "idemproxy_events_total",
+                           event="record_failed") - failed0 == 1
+            assert counter(proxy, "idemproxy_events_total",
+                           event="outcome_unrecorded") == 1
             # counted just before its line is written
             wait_until(lambda: [e for e in log_entries(proxy)
                                 if e.get("level") == "error" and rid in json.dumps(e)],
@@ -278,7 +280,11 @@ def test_outcome_that_cannot_be_recorded_still_reaches_the_client(
     rec = pg.query("SELECT state, attempt, response_status "
                    "FROM idempotency_records WHERE idem_key = %s", (key,))
     assert rec == [{"state": "processing", "attempt": 1, "response_status": None}], rec
-    # The lease rules apply: its lease has ended, so a retry takes it over.
+    # The lease rules apply: the client was answered a margin before the
+    # lease ends; once it has, a retry takes the key over.
+    wait_until(lambda: pg.query("SELECT lease_until < now() AS over FROM "
+                                "idempotency_records WHERE idem_key = %s",
+                                (key,))[0]["over"], what="the lease to end")
     r = pay(proxy, key)
     assert r.status_code == 201 and not is_replay(r), r.content
     assert stub.count(key=key) == 2

@@ -1,8 +1,9 @@
 """A known outcome is never forgotten while its lease lasts: when the store
 connection broke during the upstream call, the worker reconnects and records
-at once; when the store is still down, the client is answered and the record
-is written in the background as soon as the store is back (until the lease
-ends, and during a SIGTERM's shutdown_grace).
+at once; when the store is still down, the worker keeps the client waiting
+and writes the record itself as soon as the store is back (until the lease
+ends, less its margin, also during a SIGTERM's shutdown_grace): the client
+never gets an answer whose record is not written (test_unrecorded.py).
 
 These tests crash and stop PostgreSQL, so they run against a cluster of
 their own (private_pg.py)."""
@@ -37,6 +38,12 @@ def held_request(proxy, stub, key):
     t.start()
     stub.wait_for(key=key)
     return t, answers
+
+
+def retrying(proxy):
+    """Until the worker is trying the record again, the client waiting."""
+    wait_until(lambda: "trying again while the client waits" in proxy.log(),
+               what="the worker to try the record again")
 
 
 def answer(stub, t, answers):
@@ -74,7 +81,7 @@ def test_answer_is_recorded_after_the_database_crash_restarted_during_the_call(
 
 
 @pytest.mark.no_replay_cache
-def test_answer_is_recorded_in_the_background_once_the_database_is_back(
+def test_answer_waits_for_its_record_until_the_database_is_back(
         make_proxy, stub, pg, pg_cluster):
     proxy = make_proxy(top={"workers": 1})
     assert pay(proxy, new_key("warm")).status_code == 201
@@ -82,15 +89,16 @@ def test_answer_is_recorded_in_the_background_once_the_database_is_back(
     t, answers = held_request(proxy, stub, key)
     try:
         with Outage(pg, pg_cluster):
-            r = answer(stub, t, answers)
-            # answered while the store is still down, not after it is back
-            assert r.status_code == 201 and not is_replay(r), r.content
-            wait_until(lambda: counter(proxy, "idemproxy_events_total",
-                                       event="record_deferred") == 1,
-                       what="the record to be handed to the background")
+            stub.release("hold")
+            retrying(proxy)
+            # not answered while the store is down: the record is not written
+            assert not answers, answers[0].content
     finally:
         stub.release("hold")
         t.join(HANG)
+    assert answers, "no answer to the client"
+    r = answers[0]
+    assert r.status_code == 201 and not is_replay(r), r.content
     rec = wait_state(pg, key, "completed", timeout=20)
     assert rec["attempt"] == 1 and bytes(rec["response_body"]) == r.content
     again = pay(proxy, key)
@@ -99,6 +107,7 @@ def test_answer_is_recorded_in_the_background_once_the_database_is_back(
     assert stub.count(key=key) == 1
     assert counter(proxy, "idemproxy_events_total", event="record_retried") == 1
     assert counter(proxy, "idemproxy_events_total", event="record_failed") == 0
+    assert counter(proxy, "idemproxy_events_total", event="record_deferred") == 0
 
 
 @pytest.mark.no_replay_cache
@@ -110,16 +119,17 @@ def test_pending_record_is_written_during_the_shutdown_grace(make_proxy, stub, p
     t, answers = held_request(proxy, stub, key)
     try:
         with Outage(pg, pg_cluster):
-            r = answer(stub, t, answers)
-            assert r.status_code == 201, r.content
-            wait_until(lambda: counter(proxy, "idemproxy_events_total",
-                                       event="record_deferred") == 1,
-                       what="the record to be handed to the background")
+            stub.release("hold")
+            retrying(proxy)
             proxy.proc.terminate()  # SIGTERM while the store is down
             wait_until(lambda: "shutting down" in proxy.log(), what="the shutdown to begin")
+            assert not answers, answers[0].content
     finally:
         stub.release("hold")
         t.join(HANG)
+    assert answers, "no answer to the client"
+    r = answers[0]
+    assert r.status_code == 201, r.content
     assert proxy.wait_exit(timeout=40) == 0, proxy.log()[-3000:]
     rec = wait_state(pg, key, "completed")
     assert bytes(rec["response_body"]) == r.content
@@ -128,9 +138,9 @@ def test_pending_record_is_written_during_the_shutdown_grace(make_proxy, stub, p
 
 
 @pytest.mark.no_replay_cache
-def test_a_sealed_answer_is_recorded_in_the_background(make_proxy, stub, pg, pg_cluster,
-                                                      tmp_path):
-    # with store_encryption on, what waits in the background is the sealed
+def test_a_sealed_answer_is_recorded_once_the_database_is_back(make_proxy, stub, pg,
+                                                              pg_cluster, tmp_path):
+    # with store_encryption on, what the worker writes again is the sealed
     # form, and it is what reaches the store
     from test_seal import K1, write_keys
     keys = write_keys(str(tmp_path / "keys"), {"k1": K1}, "k1")
@@ -140,14 +150,15 @@ def test_a_sealed_answer_is_recorded_in_the_background(make_proxy, stub, pg, pg_
     t, answers = held_request(proxy, stub, key)
     try:
         with Outage(pg, pg_cluster):
-            r = answer(stub, t, answers)
-            assert r.status_code == 201 and not is_replay(r), r.content
-            wait_until(lambda: counter(proxy, "idemproxy_events_total",
-                                       event="record_deferred") == 1,
-                       what="the record to be handed to the background")
+            stub.release("hold")
+            retrying(proxy)
+            assert not answers, answers[0].content
     finally:
         stub.release("hold")
         t.join(HANG)
+    assert answers, "no answer to the client"
+    r = answers[0]
+    assert r.status_code == 201 and not is_replay(r), r.content
     rec = wait_state(pg, key, "completed", timeout=20)
     assert rec["seal_key"] == "k1"
     body = bytes(rec["response_body"])

@@ -136,6 +136,7 @@ static void test_titles(void **state)
 		"upstream_unavailable",
 		"idempotency_store_unavailable",
 		"idempotency_lease_expired",
+		"idempotency_outcome_unrecorded",
 		"overloaded",
 		"upstream_outcome_unknown",
 		"admin_unauthorized",
