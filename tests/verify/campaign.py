@@ -320,12 +320,14 @@ def main(argv=None):
         with open(os.path.join(c.root, "report.md"), "w") as f:
             f.write(text)
         print(text, flush=True)
+    except KeyboardInterrupt:
+        log("interrupted")
     finally:
         c.teardown()
         report.tidy(c.root, keep=a.keep or not ok)
-    print("verify: %s (seed %d); run directory %s" % (
-        "passed" if ok else "FAILED", a.seed, c.root if (a.keep or not ok) else
-        c.root + " (report.md and summaries kept)"), flush=True)
+        print("verify: %s (seed %d); run directory %s" % (
+            "passed" if ok else "FAILED", a.seed, c.root if (a.keep or not ok) else
+            c.root + " (report.md and summaries kept)"), flush=True)
     return 0 if ok else 1
 
 

@@ -13,12 +13,14 @@ A cut of a→b drops a's packets to b in a's output chain; both directions
 also drop, in a's input chain, what comes from b. Cuts are counted per
 address, so overlapping cuts of the same pair heal only with the last.
 
-sweep() removes the namespaces (and kills the processes inside) of earlier
-runs whose owner process is gone: a campaign killed with SIGKILL leaves
-them behind.
+sweep() removes the namespaces (and kills the processes inside: they are
+the campaign's) and the PostgreSQL directories (/tmp/ivf<run id>-pg) of
+earlier runs whose owner process is gone: a campaign killed with SIGKILL
+leaves them behind.
 """
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -100,6 +102,7 @@ def sweep(log=print):
         log("sweep: removing namespaces of an earlier run %s: %s" % (rid, " ".join(names)))
         for ns in names:
             remove_ns(ns)
+        shutil.rmtree("/tmp/%s%s-pg" % (PREFIX, rid), ignore_errors=True)
         try:
             os.unlink(owner_path(rid))
         except OSError:
