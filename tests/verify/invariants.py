@@ -97,9 +97,10 @@ The invariants and how these files prove them
    t1), `different_after_seen`: an answer to an attempt sent after T (t0 >
    T) carries another exec; `forwarded_after_seen`: the ledger got a forward
    of the scope after T in the same epoch (before exp_lo);
-   `refused_as_mismatch`: an attempt with the flow's own body (any kind but
-   `mismatch`) was answered idempotency_key_mismatch: its key no longer
-   answers with its own payload. Attempts across
+   `refused_as_mismatch`: an attempt (any kind but `mismatch`) was
+   answered idempotency_key_mismatch while its scope's record surely held
+   its very body (a forward of that body before it, in an epoch that
+   cannot have ended): its key no longer answers its own payload. Attempts across
    restarts and failover (`recheck`) are held to the same rule: nothing
    excuses them but expiry.
 6. After each `heal` event h, every flow in progress at h (t_first <= h,
@@ -115,12 +116,14 @@ The invariants and how these files prove them
    `second_execution_before_ttl`: two executions (effect=1) of one epoch
    that invariant 1 does not allow (each such pair also counts under 1,
    which counts every forward).
-8. A `wait` attempt or any attempt on the transfer route that got an
-   answer got: the key's one execution (the epoch's first seen exec,
+8. A `wait` attempt or any attempt on the transfer route (but `mismatch`
+   sends: a mismatch is refused before anything waits) that got an answer
+   got: the key's one execution (the epoch's first seen exec,
    `not_original` otherwise; `other_tenant` for another scope's), a 409
    with a code, or the answer to its own forward (a waiter that took a
-   released or expired key over is the original then). Anything else is
-   `bad_answer`. `hang`: t1 - t0 > wait_max + upstream_timeout +
+   released or expired key over is the original then). `bad_answer`: a 409
+   without a code, or an answer with neither exec nor code that is not its
+   own forward's (another request's released 503, say). `hang`: t1 - t0 > wait_max + upstream_timeout +
    wait_slack. The bound: a waiter waits at most wait_max, or until the
    lease it waits on ends and it takes over, and then its own upstream
    call ends within upstream_timeout; wait_slack (1 s) covers the store
@@ -140,7 +143,8 @@ Excuses (never violations; each counted under "excused" in the summary)
 - Invariant 8: a 5xx problem with a code (store unavailable, overloaded,
   shutting down, lease expired, upstream unavailable or outcome unknown:
   the proxy refused or lost its own forward, nothing waited) is not a
-  violation; an over-long wait is excused when it overlaps a fault window
+  violation, nor is another 4xx problem (a refusal of the request itself,
+  judged by invariants 4 and 5); an over-long wait is excused when it overlaps a fault window
   of its instance (its kill, term, restart, freeze, or a partition naming
   it) or of PostgreSQL (pg_crash, failover, partition to pg).
 - Invariant 6: a flow the client gave up (deadline, stop) before the bound
@@ -290,7 +294,8 @@ class Tally:
     def bad(self, inv, cls, **detail):
         d = self.n[inv]
         d[cls] = d.get(cls, 0) + 1
-        if len(self.samples[inv]) < self.max_samples:
+        if sum(1 for x in self.samples[inv]
+               if x["class"] == cls) < self.max_samples:
             detail["class"] = cls
             self.samples[inv].append(detail)
 
@@ -318,9 +323,6 @@ class Windows:
         i = bisect.bisect_right(self.starts, b) - 1
         return i >= 0 and self.ends[i] >= a
 
-    def starts_within(self, a, b):
-        i = bisect.bisect_right(self.starts, a)
-        return i < len(self.starts) and self.starts[i] <= b
 
 
 class Checker:
@@ -388,6 +390,7 @@ class Checker:
                 if who:
                     inst_spans.setdefault(who, []).append(w)
         self.fault_win = Windows(spans)
+        self.fault_starts = sorted(a for a, _ in spans)
         self.inst_win = {i: Windows(s + pg_spans)
                          for i, s in inst_spans.items()}
         self.pg_win = Windows(pg_spans)
@@ -552,13 +555,23 @@ class Checker:
         if akind == "mismatch":
             if r is not None and r.body != hexint(f[c["body_sha"]]):
                 t.bad("3", "mismatch_answered", attempt=att, exec=ex)
-        elif code == "idempotency_key_mismatch":
+        elif code == "idempotency_key_mismatch" and self.holds_body(
+                scope, hexint(f[c["body_sha"]]), t0):
             t.bad("5", "refused_as_mismatch", attempt=att, akind=akind)
         if not ex and not code and (200 <= status < 300 or status == 402):
             t.bad("2", "no_exec", attempt=att, status=status)
-        if akind == "wait" or path == TRANSFER_PATH:
+        if akind == "wait" or (path == TRANSFER_PATH and akind != "mismatch"):
             self.wait_attempt(f, c, scope, att, t0, t1, status, code, ex, r,
                               fwd)
+
+    def holds_body(self, scope, body, t):
+        """Did scope's record surely hold this body at t (a forward of it
+        before t, in an epoch that cannot have ended by t)?"""
+        fwds = self.by_scope.get(scope, ())
+        for g in (fwds if type(fwds) is list else (fwds,)):
+            if g.body == body and g.t_start < t < g.head.exp_lo:
+                return True
+        return False
 
     def answer(self, f, c, scope, tenant, att, t0, t1, ex):
         """An answer carrying a ledger exec: invariants 2, 3 and 7."""
@@ -611,6 +624,8 @@ class Checker:
             pass  # its own forward's answer: it was the original
         elif code and status >= 500:
             t.excuse("8: proxy refusal (5xx with a code)")
+        elif code and status != 409:
+            t.excuse("8: the request refused itself (4xx with a code)")
         else:
             t.bad("8", "bad_answer", attempt=att, status=status, code=code)
         if t1 - t0 > self.wait_bound:
@@ -746,7 +761,8 @@ class Checker:
             else:
                 final = False
             n_in += 1
-            if self.fault_win.starts_within(h, h + bound):
+            i = bisect.bisect_right(self.fault_starts, h)
+            if i < len(self.fault_starts) and self.fault_starts[i] <= h + bound:
                 t.excuse("6: another fault began before the bound passed")
             elif final and t_final <= h + bound:
                 ttf.append((t_final - h) / US if t_final > h else 0.0)

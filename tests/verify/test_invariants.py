@@ -450,6 +450,20 @@ def test_5_refused_as_mismatch(tmp_path):
     only(r.check(), "5", "refused_as_mismatch")
 
 
+def test_5_excuse_mismatch_refusal_when_the_record_may_hold_another_body(
+        tmp_path):
+    r = Run(tmp_path)
+    e = r.forward("a", "k", 1.01, 1.02, route="refund", body="b2")
+    r.attempt("a", "k", 1.0, 1.03, ex=e, route="refund", body="b2")
+    # Its own body never went out under this key: the refusal is right.
+    r.attempt("b", "k", 2.0, 2.01, status=422, route="refund",
+              code="idempotency_key_mismatch", akind="late")
+    # After the record may have expired: not judged.
+    e2 = r.forward("c", "k", 25.0, 25.01, route="refund")
+    r.attempt("c", "k", 24.99, 25.02, ex=e2, route="refund")
+    assert r.check()["ok"]
+
+
 # --- invariant 6 ------------------------------------------------------------
 
 def test_6_flow_not_final_within_bound(tmp_path):
@@ -562,6 +576,20 @@ def test_8_not_original(tmp_path):
     r.attempt("b", "k", 6.05, 6.3, ex=e2, route="transfer")
     r.attempt("w", "k", 6.0, 6.4, ex=e1, route="transfer", akind="wait")
     only(r.check(), "8", "not_original")
+
+
+def test_8_excuse_mismatch_send_on_the_transfer_route(tmp_path):
+    r = Run(tmp_path)
+    e = r.forward("a", "k", 1.01, 1.02, route="transfer")
+    r.attempt("a", "k", 1.0, 1.03, ex=e, route="transfer")
+    r.attempt("m", "k", 2.0, 2.01, status=422, route="transfer", body="b2",
+              code="idempotency_key_mismatch", akind="mismatch")
+    r.attempt("x", "k", 2.0, 2.01, status=400, route="transfer",
+              code="idempotency_key_invalid")
+    s = r.check()
+    assert s["ok"], s["anomaly_classes"]
+    assert s["excused"] == {
+        "8: the request refused itself (4xx with a code)": 1}
 
 
 def test_8_excuses_timeout_and_own_forward(tmp_path):
