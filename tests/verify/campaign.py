@@ -45,6 +45,7 @@ LEDGER_PORTS = {"p1": 9001, "p2": 9002}
 PAY, REFUND, TRANSFER = "/v1/payments", "/v1/refunds", "/v1/transfers"
 MODES = ("hold", "release_after_lease")
 SCRAPES = 5
+DEFAULT_RELEASE = [408, 425, 429, 500, 502, 503, 504]   # the proxy's release_statuses
 
 
 def log(msg):
@@ -89,7 +90,9 @@ def parse_args(argv):
 def settings_for(mode, url, ledger_url, short_ttl):
     """The proxies' conf: the spec's three routes, tenants from a header."""
     defaults = {"lease": "%ds" % LEASE_S, "upstream_timeout": "%ds" % UPSTREAM_TIMEOUT_S,
-                "retry_after": "500ms", "ttl": "1h", "on_unknown": mode}
+                "retry_after": "500ms", "ttl": "1h", "on_unknown": mode,
+                # the ledger's exec header is part of the answer a replay must give back
+                "replay_headers": ["Content-Type", "X-Ledger-Exec"]}
     if mode == "hold":
         # at most one execution per key, ever: the ledger's 503 is stored
         defaults["release_statuses"] = []
@@ -235,7 +238,8 @@ def write_run_json(c, rd, mode, mode_seed, t_start, t_end, requests):
            "proxies": ["p1", "p2"], "ports": {str(v): k for k, v in LEDGER_PORTS.items()},
            "t_start_s": t_start, "t_end_s": t_end, "final_bound_s": final_bound_s(),
            "campaign_seed": c.a.seed, "requests_target": requests, "rate": c.a.rate,
-           "flow_ms": c.a.flow_ms}
+           "flow_ms": c.a.flow_ms,
+           "release_statuses": [] if mode == "hold" else DEFAULT_RELEASE}
     with open(os.path.join(rd, "run.json"), "w") as f:
         json.dump(run, f, indent=1)
 

@@ -71,19 +71,12 @@ def fault_counts(rd):
     return counts
 
 
-def flatten(d, prefix=""):
-    out = []
-    for k, v in d.items():
-        name = prefix + str(k)
-        if isinstance(v, dict):
-            out += flatten(v, name + ".")
-        elif isinstance(v, list):
-            if v and all(not isinstance(x, (dict, list)) for x in v):
-                out.append((name, ", ".join(str(x) for x in v)))
-            else:
-                out.append((name, "%d item(s)" % len(v)))
-        else:
-            out.append((name, v))
+def total_faults(dirs):
+    out = {}
+    for d in dirs:
+        for k, v in fault_counts(d).items():
+            k = k.split(" ")[0]
+            out[k] = out.get(k, 0) + v
     return out
 
 
@@ -91,6 +84,80 @@ def fmt(v):
     if isinstance(v, float):
         return "%.4g" % v
     return str(v)
+
+
+INVARIANTS = [
+    ("1", "at most one execution per key (release mode: a second only after a lost answer "
+          "whose lease ended)"),
+    ("2", "every answer is its key's one execution, byte for byte"),
+    ("3", "no answer crosses tenants; a mismatched body never executes"),
+    ("4", "when the proxy says nothing was executed, the ledger agrees"),
+    ("5", "a replayable answer replays until expiry, across restarts and failover"),
+    ("6", "after the heal every key is final within lease + bound; the gauge falls below "
+          "the lease"),
+    ("7", "no replay after expiry; no second execution before it"),
+    ("8", "a waiter gets the original's answer or a bounded 409"),
+]
+
+
+def load_summary(rd):
+    try:
+        with open(os.path.join(rd, "summary.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def dig(d, *path):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def figures(s):
+    """The §4 rows from the checker's summary (a missing figure is left out)."""
+    rows = []
+
+    def add(name, value):
+        if value is not None and "None" not in str(value):
+            rows.append((name, value))
+    add("client requests", s.get("requests"))
+    add("operations (flows)", s.get("flows"))
+    add("keys", s.get("keys"))
+    r = s.get("retries_per_operation") or {}
+    add("retries per operation (mean / p99 / max)", "%s / %s / %s" % (
+        fmt(r.get("mean")), r.get("p99"), r.get("max")))
+    add("concurrent duplicates sent", s.get("concurrent_duplicates"))
+    add("upstream forwards / executions", "%s / %s" % (dig(s, "ledger", "forwards"),
+                                                       dig(s, "ledger", "executions")))
+    for k, label in (("under_faults", "under faults"), ("outside_faults", "outside faults")):
+        lat = dig(s, "latency_ms", k) or {}
+        add("latency p50 / p99 %s (ms)" % label, "%s / %s (n %s)" % (
+            fmt(lat.get("p50_ms")), fmt(lat.get("p99_ms")), lat.get("n")))
+    h = s.get("after_heal") or {}
+    add("in flight at the heal", h.get("in_flight_at_heal"))
+    add("time to a final state after the heal, p99 / max (s)", "%s / %s (bound: %s s after the heal)" % (
+        fmt(h.get("time_to_final_p99_s")), fmt(h.get("time_to_final_max_s")),
+        fmt(h.get("bound_s"))))
+    for inst, g in sorted((h.get("gauge") or {}).items()):
+        add("oldest processing after the heal, %s (lowest, s)" % inst, "%s (%s)" % (
+            fmt(g.get("min_oldest_s")), "below the lease" if g.get("below_lease") else
+            "not below the lease"))
+    return rows
+
+
+def anomaly_rows(s):
+    rows = ["| invariant | anomalies | by class |", "|---|---|---|"]
+    for n, text in INVARIANTS:
+        classes = dig(s, "anomaly_classes", n) or {}
+        rows.append("| %s. %s | %s | %s |" % (n, text, dig(s, "anomalies", n),
+                                            ", ".join("%s %s" % kv for kv in
+                                                      sorted(classes.items()))))
+    for k, v in sorted((s.get("excused") or {}).items()):
+        rows.append("| excused: %s | %s | |" % (k, v))
+    return rows
 
 
 def mode_section(r):
@@ -101,17 +168,15 @@ def mode_section(r):
                      r["rc"], "**did not run (exit %d)**" % r["rc"]), r["seconds"], rd), ""]
     if r["nemesis_errors"]:
         lines += ["faults that failed to apply: %s" % "; ".join(r["nemesis_errors"]), ""]
-    lines += ["| fault | count |", "|---|---|"]
+    lines += ["| fault injected | count |", "|---|---|"]
     lines += ["| %s | %d |" % kv for kv in sorted(fault_counts(rd).items())]
     lines.append("")
-    try:
-        with open(os.path.join(rd, "summary.json")) as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
+    s = load_summary(rd)
+    if s is None:
         return lines + ["(no summary.json)", ""]
     lines += ["| figure | value |", "|---|---|"]
-    lines += ["| %s | %s |" % (k, fmt(v)) for k, v in flatten(summary)]
-    return lines + [""]
+    lines += ["| %s | %s |" % (k, fmt(v)) for k, v in figures(s)]
+    return lines + [""] + anomaly_rows(s) + [""]
 
 
 def render(c, duration_s, command):
@@ -121,6 +186,14 @@ def render(c, duration_s, command):
              "reproduce: `%s`" % command, "", "## Versions", ""]
     lines += ["- %s: %s" % kv for kv in versions(c)]
     lines += ["", "## Topology", ""] + topology(c) + [""]
+    sums = [load_summary(r["dir"]) or {} for r in c.results]
+    lines += ["## In all", "",
+              "- client requests: %d; keys: %d; anomalies: %d" % (
+                  sum(x.get("requests") or 0 for x in sums),
+                  sum(x.get("keys") or 0 for x in sums),
+                  sum(sum(v for v in (x.get("anomalies") or {}).values() if v) for x in sums)),
+              "- faults injected: %s" % ", ".join("%s %d" % kv for kv in sorted(
+                  total_faults([r["dir"] for r in c.results]).items())), ""]
     for r in c.results:
         lines += mode_section(r)
     return "\n".join(lines) + "\n"
