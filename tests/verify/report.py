@@ -138,9 +138,10 @@ def figures(s):
             fmt(lat.get("p50_ms")), fmt(lat.get("p99_ms")), lat.get("n")))
     h = s.get("after_heal") or {}
     add("in flight at the heal", h.get("in_flight_at_heal"))
-    add("time to a final state after the heal, p99 / max (s)", "%s / %s (bound: %s s after the heal)" % (
-        fmt(h.get("time_to_final_p99_s")), fmt(h.get("time_to_final_max_s")),
-        fmt(h.get("bound_s"))))
+    add("time to a final state after the heal, p99 / max (s)",
+        "%s / %s (bound: %s s after the heal)" % (
+            fmt(h.get("time_to_final_p99_s")), fmt(h.get("time_to_final_max_s")),
+            fmt(h.get("bound_s"))))
     for inst, g in sorted((h.get("gauge") or {}).items()):
         add("oldest processing after the heal, %s (lowest, s)" % inst, "%s (%s)" % (
             fmt(g.get("min_oldest_s")), "below the lease" if g.get("below_lease") else
