@@ -118,7 +118,7 @@ struct conn {
 	size_t in_len, in_cap;
 	struct request req;
 	struct answer ans;
-	uint64_t due_ms;
+	uint64_t due_us;
 	ssize_t heap_idx;
 	uint64_t drained;
 	struct conn *prev, *next;
@@ -137,7 +137,7 @@ struct server {
 	unsigned slow_ms;
 	char *logbuf;
 	size_t log_len;
-	uint64_t next_flush_ms, accept_resume_ms;
+	uint64_t next_flush_us, accept_resume_us;
 	bool accept_paused, stopping;
 	struct conn **heap;
 	size_t heap_len, heap_cap;
@@ -156,11 +156,11 @@ static uint64_t now_us(void)
 	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-static uint64_t mono_ms(void)
+static uint64_t mono_us(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+	return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
 static uint64_t fnv_add(uint64_t h, const void *p, size_t n)
@@ -346,15 +346,15 @@ static void heap_swap(size_t i, size_t j)
 
 static void heap_fix(size_t i)
 {
-	while (i > 0 && S.heap[(i - 1) / 2]->due_ms > S.heap[i]->due_ms) {
+	while (i > 0 && S.heap[(i - 1) / 2]->due_us > S.heap[i]->due_us) {
 		heap_swap(i, (i - 1) / 2);
 		i = (i - 1) / 2;
 	}
 	for (;;) {
 		size_t l = 2 * i + 1, r = l + 1, m = i;
-		if (l < S.heap_len && S.heap[l]->due_ms < S.heap[m]->due_ms)
+		if (l < S.heap_len && S.heap[l]->due_us < S.heap[m]->due_us)
 			m = l;
-		if (r < S.heap_len && S.heap[r]->due_ms < S.heap[m]->due_ms)
+		if (r < S.heap_len && S.heap[r]->due_us < S.heap[m]->due_us)
 			m = r;
 		if (m == i)
 			return;
@@ -388,7 +388,7 @@ static int heap_add(struct conn *c, uint64_t delay_ms)
 		S.heap = h;
 		S.heap_cap = cap;
 	}
-	c->due_ms = mono_ms() + delay_ms;
+	c->due_us = mono_us() + delay_ms * 1000;
 	c->heap_idx = (ssize_t)S.heap_len;
 	S.heap[S.heap_len++] = c;
 	heap_fix((size_t)c->heap_idx);
@@ -1107,8 +1107,8 @@ static void on_timer(struct conn *c)
 
 static void run_timers(void)
 {
-	uint64_t now = mono_ms();
-	while (S.heap_len && S.heap[0]->due_ms <= now) {
+	uint64_t now = mono_us();
+	while (S.heap_len && S.heap[0]->due_us <= now) {
 		struct conn *c = S.heap[0];
 		heap_remove(c);
 		on_timer(c);
@@ -1125,7 +1125,7 @@ static void accept_pause(bool pause)
 		epoll_ctl(S.ep, EPOLL_CTL_MOD, S.listeners[i].fd, &ev);
 	}
 	S.accept_paused = pause;
-	S.accept_resume_ms = mono_ms() + ACCEPT_PAUSE_MS;
+	S.accept_resume_us = mono_us() + ACCEPT_PAUSE_MS * 1000;
 }
 
 static void on_accept(struct listener *l)
@@ -1233,6 +1233,21 @@ static int weights_check(char *err, size_t errlen)
 	return 0;
 }
 
+static int parse_num(const char *name, const char *v, uint64_t max,
+		     uint64_t *out, char *err, size_t errlen)
+{
+	char *end;
+	errno = 0;
+	unsigned long long n = strtoull(v, &end, 10);
+	if (!*v || *end || errno || v[0] == '-' || n > max) {
+		snprintf(err, errlen, "--%s %s: want an integer up to %" PRIu64,
+			 name, v, max);
+		return -1;
+	}
+	*out = n;
+	return 0;
+}
+
 static int parse_args(int argc, char **argv, char *err, size_t errlen)
 {
 	static const struct option opts[] = {
@@ -1243,10 +1258,10 @@ static int parse_args(int argc, char **argv, char *err, size_t errlen)
 		{"mix", required_argument, NULL, 'm'},
 		{NULL, 0, NULL, 0}};
 	const char *log_path = NULL;
+	uint64_t slow_ms = 1500;
 	int o;
 
 	memcpy(S.weight, kind_default, sizeof(S.weight));
-	S.slow_ms = 1500;
 	S.prng = 1;
 	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		int rc = 0;
@@ -1255,9 +1270,11 @@ static int parse_args(int argc, char **argv, char *err, size_t errlen)
 		else if (o == 'o')
 			log_path = optarg;
 		else if (o == 's')
-			S.prng = strtoull(optarg, NULL, 10);
+			rc = parse_num("seed", optarg, UINT64_MAX, &S.prng, err,
+				       errlen);
 		else if (o == 'w')
-			S.slow_ms = (unsigned)strtoul(optarg, NULL, 10);
+			rc = parse_num("slow-ms", optarg, 3600000, &slow_ms,
+				       err, errlen);
 		else if (o == 'm')
 			rc = parse_mix(optarg, err, errlen);
 		else
@@ -1271,6 +1288,7 @@ static int parse_args(int argc, char **argv, char *err, size_t errlen)
 			 "FILE [--seed N] [--slow-ms MS] [--mix k=w,...]");
 		return -1;
 	}
+	S.slow_ms = (unsigned)slow_ms;
 	S.delay_prng = S.prng ^ 0x5851f42d4c957f2dULL;
 	if (weights_check(err, errlen) < 0)
 		return -1;
@@ -1312,29 +1330,30 @@ static int setup(char *err, size_t errlen)
 		}
 	}
 	S.start_us = now_us();
-	S.next_flush_ms = mono_ms() + FLUSH_MS;
+	S.next_flush_us = mono_us() + FLUSH_MS * 1000;
 	return 0;
 }
 
 static int next_timeout(void)
 {
-	uint64_t now = mono_ms(), due = S.next_flush_ms;
-	if (S.heap_len && S.heap[0]->due_ms < due)
-		due = S.heap[0]->due_ms;
-	if (S.accept_paused && S.accept_resume_ms < due)
-		due = S.accept_resume_ms;
-	return due > now ? (int)(due - now) : 0;
+	uint64_t now = mono_us(), due = S.next_flush_us;
+	if (S.heap_len && S.heap[0]->due_us < due)
+		due = S.heap[0]->due_us;
+	if (S.accept_paused && S.accept_resume_us < due)
+		due = S.accept_resume_us;
+	/* Rounded up: a timer never fires before its time. */
+	return due > now ? (int)((due - now + 999) / 1000) : 0;
 }
 
 static void on_tick(void)
 {
-	uint64_t now = mono_ms();
-	if (now >= S.next_flush_ms) {
+	uint64_t now = mono_us();
+	if (now >= S.next_flush_us) {
 		if (S.log_len)
 			log_flush();
-		S.next_flush_ms = now + FLUSH_MS;
+		S.next_flush_us = now + FLUSH_MS * 1000;
 	}
-	if (S.accept_paused && now >= S.accept_resume_ms)
+	if (S.accept_paused && now >= S.accept_resume_us)
 		accept_pause(false);
 }
 

@@ -272,8 +272,10 @@ def test_slow_answer_comes_after_slow_ms(ledgers):
     elapsed = time.monotonic() - t0
     assert led.stop() == 0
     [l] = led.lines()
+    # Measured on this side's monotonic clock: the log's times are the
+    # wall clock's, which may be slewed.
     assert r.status_code == 201 and elapsed >= 0.6
-    assert int(l["t_end"]) - int(l["t_start"]) >= 600000
+    assert int(l["t_end"]) > int(l["t_start"])
     assert (l["kind"], l["effect"], l["cut"]) == ("slow", "1", "0")
     assert l["exec"] == r.headers["X-Ledger-Exec"]
 
