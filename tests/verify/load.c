@@ -29,6 +29,17 @@
  *   a final answer; cause is then the status of the last one.
  * - A requests cut at the stop get error `stopped`; a request that failed
  *   part way has status 0 and no resp_hash (the client got no answer).
+ * - route is the route's name (pay, refund, transfer); X-Attempt-Id is
+ *   a<seed>-<flow>-<seq>.
+ * - No flow starts after --seconds or once --requests requests were sent;
+ *   what is still going then is finished, or cut --drain-ms later (at once
+ *   on SIGTERM or SIGINT). The log is flushed every second and at exit.
+ *
+ * curl 7.88 silently resends a request on a reused connection that died
+ * with no byte of answer, and this cannot be turned off: a request cut by a
+ * proxy's death can reach a proxy restarted at once a second time, with the
+ * same X-Attempt-Id. CURLOPT_MAXAGE_CONN keeps the proxy's idle timeout
+ * from doing the same.
  *
  * Draws are seeded per flow (flow number and seed), so the same seed gives
  * the same flows whatever the timing; only which earlier key a recheck
@@ -42,7 +53,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -63,10 +73,26 @@
 #define N_HDR 6
 #define HDR_MAX 128
 
-enum fkind { K_PLAIN, K_DUP, K_MISMATCH, K_TENANT, K_LATE, K_RECHECK, K_WAIT,
-	     K_N };
-enum akind { A_REQ, A_DUP, A_MISMATCH, A_TENANT, A_LATE, A_RECHECK, A_WAIT,
-	     A_N };
+enum fkind {
+	K_PLAIN,
+	K_DUP,
+	K_MISMATCH,
+	K_TENANT,
+	K_LATE,
+	K_RECHECK,
+	K_WAIT,
+	K_N
+};
+enum akind {
+	A_REQ,
+	A_DUP,
+	A_MISMATCH,
+	A_TENANT,
+	A_LATE,
+	A_RECHECK,
+	A_WAIT,
+	A_N
+};
 enum route { R_PAY, R_REFUND, R_TRANSFER, R_N };
 enum phase { PH_MAIN, PH_FOLLOW };
 
@@ -89,9 +115,7 @@ struct lane {
 	int64_t due;
 	int heap_pos; /* -1: not in the timer heap */
 	struct lane *next_ready;
-	bool done;
 	bool final;
-	long status;
 };
 
 struct flow {
@@ -99,7 +123,8 @@ struct flow {
 	uint64_t rng;
 	int kind;
 	int route;
-	int tenant; /* of the main phase */
+	int tenant;     /* of the main phase */
+	int tenant_alt; /* of a tenant flow's follow-up */
 	int tenant_now;
 	int phase;
 	char key[KEY_MAX];
@@ -331,8 +356,9 @@ static int check_options(struct options *o, char *err, size_t errlen)
 	}
 	if (o->concurrency < 1 || o->tenants < 1 || o->timeout_ms < 1 ||
 	    o->prefer_wait < 1) {
-		snprintf(err, errlen, "bad --concurrency, --tenants, "
-				      "--timeout-ms or --prefer-wait");
+		snprintf(err, errlen,
+			 "bad --concurrency, --tenants, "
+			 "--timeout-ms or --prefer-wait");
 		return -1;
 	}
 	if (o->tenants < 2)
@@ -487,8 +513,8 @@ static void problem_code(const struct slot *s, char *out, size_t outlen)
 	if (p >= end || *p != '"')
 		return;
 	size_t n = 0;
-	for (p++; p < end && *p != '"' && *p != '\\' && (unsigned char)*p > ' ' &&
-		  n + 1 < outlen;
+	for (p++; p < end && *p != '"' && *p != '\\' &&
+		  (unsigned char)*p > ' ' && n + 1 < outlen;
 	     p++)
 		out[n++] = *p;
 	out[n] = '\0';
@@ -657,7 +683,8 @@ static int slots_init(char *err, size_t errlen)
 				 (long)CURL_HTTP_VERSION_1_1);
 		curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, g.o.timeout_ms);
 		curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS,
-				 g.o.timeout_ms < 1000 ? g.o.timeout_ms : 1000L);
+				 g.o.timeout_ms < 1000 ? g.o.timeout_ms
+						       : 1000L);
 		/* Below the proxy's 30 s idle timeout: curl resends a POST
 		 * on a reused connection the server had closed. */
 		curl_easy_setopt(e, CURLOPT_MAXAGE_CONN, 20L);
@@ -790,7 +817,8 @@ static void set_body(struct flow *f, const char *body, size_t len)
  * and the flow number, so a seed reproduces the flows whatever the timing. */
 static void flow_draw(struct flow *f)
 {
-	f->rng = g.o.seed * 0x9e3779b97f4a7c15ULL ^ (f->id + 1) * 0xd1b54a32d192ed03ULL;
+	f->rng = g.o.seed * 0x9e3779b97f4a7c15ULL ^
+		 (f->id + 1) * 0xd1b54a32d192ed03ULL;
 	f->kind = draw_kind(&f->rng);
 	uint64_t r = draw(&f->rng, 4);
 	f->route = r < 2 ? R_PAY : r == 2 ? R_REFUND : R_TRANSFER;
@@ -799,6 +827,9 @@ static void flow_draw(struct flow *f)
 	if (f->kind == K_WAIT)
 		f->route = R_TRANSFER;
 	f->tenant = 1 + (int)draw(&f->rng, (uint64_t)g.o.tenants);
+	f->tenant_alt = 1 + (f->tenant +
+			     (int)draw(&f->rng, (uint64_t)g.o.tenants - 1)) %
+				    g.o.tenants;
 	snprintf(f->key, sizeof f->key, "%" PRIu64 "-%" PRIu64 "-%08" PRIx64,
 		 g.o.seed, f->id, draw(&f->rng, 1ULL << 32));
 	unsigned amount = 100 + (unsigned)draw(&f->rng, 99900);
@@ -865,8 +896,8 @@ static void lane_init(struct flow *f, int i, int target, int akind)
 
 static int main_akind(int kind)
 {
-	static const int map[K_N] = {A_REQ,	 A_DUP, A_REQ, A_REQ,
-				     A_REQ,	 A_RECHECK, A_WAIT};
+	static const int map[K_N] = {A_REQ, A_DUP,     A_REQ, A_REQ,
+				     A_REQ, A_RECHECK, A_WAIT};
 	return map[kind];
 }
 
@@ -882,7 +913,7 @@ static int flow_start(int64_t now)
 	f->tenant_now = f->tenant;
 	f->deadline = now + g.o.flow_ms * 1000;
 	int base = (int)draw(&f->rng, (uint64_t)g.o.ntargets);
-	f->nlanes = f->kind == K_DUP ? 2 + (int)draw(&f->rng, 2)
+	f->nlanes = f->kind == K_DUP    ? 2 + (int)draw(&f->rng, 2)
 		    : f->kind == K_WAIT ? 2
 					: 1;
 	f->active_lanes = f->nlanes;
@@ -926,8 +957,7 @@ static int follow_up(struct flow *f, int64_t now)
 	if (f->kind == K_MISMATCH)
 		f->use_alt = true;
 	if (f->kind == K_TENANT)
-		f->tenant_now = 1 + (f->tenant + (int)draw(&f->rng,
-			(uint64_t)g.o.tenants - 1)) % g.o.tenants;
+		f->tenant_now = f->tenant_alt;
 	int64_t start = now;
 	if (f->kind == K_LATE)
 		start += ((int64_t)g.o.short_ttl_s + 2) * 1000000;
@@ -950,8 +980,8 @@ static int phase_end(struct flow *f, int64_t now)
 	for (int i = 0; i < f->nlanes; i++)
 		f->final = f->final && f->lanes[i].final;
 	reservoir_add(f);
-	if (f->final && (f->kind == K_MISMATCH || f->kind == K_TENANT ||
-			 f->kind == K_LATE))
+	if (f->final &&
+	    (f->kind == K_MISMATCH || f->kind == K_TENANT || f->kind == K_LATE))
 		return follow_up(f, now);
 	flow_end(f);
 	return 0;
@@ -977,9 +1007,7 @@ static int64_t retry_delay_us(struct lane *l, long ra_ms)
 static int lane_done(struct lane *l, long status, bool final, int64_t now)
 {
 	struct flow *f = l->flow;
-	l->done = true;
 	l->final = final;
-	l->status = status;
 	if (final)
 		f->cause = status;
 	if (--f->active_lanes)
@@ -1037,7 +1065,8 @@ static int harvest(int64_t now)
 		if (m->msg != CURLMSG_DONE)
 			continue;
 		struct slot *s;
-		curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&s);
+		curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE,
+				  (char **)&s);
 		char buf[24];
 		const char *err = error_name(m->data.result, buf, sizeof buf);
 		if (!err[0] && !s->hashing)
@@ -1092,8 +1121,7 @@ static int start_flows(int64_t now)
 		step = 1;
 	if (g.next_start < now - 100000)
 		g.next_start = now - 100000;
-	while (!g.stopping && g.next_start <= now && g.nfree &&
-	       !g.ready_head) {
+	while (!g.stopping && g.next_start <= now && g.nfree && !g.ready_head) {
 		if (flow_start(now))
 			return -1;
 		g.next_start += step;
