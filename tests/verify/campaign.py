@@ -44,7 +44,6 @@ TENANT_HEADER = "X-Tenant-Id"
 LEDGER_PORTS = {"p1": 9001, "p2": 9002}
 PAY, REFUND, TRANSFER = "/v1/payments", "/v1/refunds", "/v1/transfers"
 MODES = ("hold", "release_after_lease")
-SCRAPES = 5
 DEFAULT_RELEASE = [408, 425, 429, 500, 502, 503, 504]   # the proxy's release_statuses
 
 
@@ -161,12 +160,12 @@ class Campaign:
 
 
 def mode_seconds(a, requests):
-    """The hard stop of a mode's load: twice what requests at the rate
-    need (about 3.5 requests a flow: retries and follow-ups), at least
-    20 s."""
+    """The hard stop of a mode's load: three times what requests at the
+    rate need (about 3.5 requests a flow: retries and follow-ups; faults
+    halve the rate a loaded 2-core machine sustains), at least 20 s."""
     if a.seconds:
         return a.seconds
-    return max(20.0, 2.0 * requests / (a.rate * 3.5))
+    return max(20.0, 3.0 * requests / (a.rate * 3.5))
 
 
 def start_mode(c, mode, rd):
@@ -213,22 +212,34 @@ def fault_phase(c, nem, load, requests, seconds):
     return nem.stop()
 
 
-def scrape(c, proxies, events):
-    """The oldest-processing gauge of both instances, SCRAPES times a
-    second apart from one lease after the heal."""
+def scrape_once(proxies, events):
+    for p in proxies:
+        try:
+            m = p.metrics()
+        except Exception as e:  # an instance that does not answer is noted
+            log("scrape %s: %s" % (p.name, e))
+            continue
+        events.write({"kind": "scrape", "inst": p.name, "t_s": time.time(),
+                      "oldest_processing_s": m.get("idemproxy_oldest_processing_age_seconds"),
+                      "processing": m.get("idemproxy_processing_records")})
+
+
+def scrape_through(proxies, events, load, timeout):
+    """The oldest-processing gauge of both instances every second from a
+    lease after the heal until the load has drained and a lease plus a
+    reaper pass more (while clients still send, attempts whose answer was
+    lost keep the gauge near the lease until the reaper releases them)."""
     time.sleep(LEASE_S)
-    for _ in range(SCRAPES):
-        for p in proxies:
-            try:
-                m = p.metrics()
-            except Exception as e:  # an instance that does not answer is noted
-                log("scrape %s: %s" % (p.name, e))
-                continue
-            events.write({"kind": "scrape", "inst": p.name, "t_s": time.time(),
-                          "oldest_processing_s": m.get(
-                              "idemproxy_oldest_processing_age_seconds"),
-                          "processing": m.get("idemproxy_processing_records")})
+    deadline = time.monotonic() + timeout
+    ended = None
+    while time.monotonic() < deadline:
+        scrape_once(proxies, events)
+        if ended is None and load.proc.poll() is not None:
+            ended = time.monotonic()
+        if ended is not None and time.monotonic() - ended > LEASE_S + REAPER_S + 1.0:
+            break
         time.sleep(1.0)
+    return load.wait(max(0.0, deadline - time.monotonic()))
 
 
 def write_run_json(c, rd, mode, mode_seed, t_start, t_end, requests):
@@ -262,8 +273,8 @@ def run_mode(c, i, mode, requests):
                               gap_s=min(3.0, max(0.8, seconds * c.a.fault_frac / 40.0)))
     heal = fault_phase(c, nem, load, requests, seconds)
     events.write({"kind": "heal", "t_s": heal})
-    scrape(c, proxies, events)
-    rc = load.wait(seconds + c.a.flow_ms / 1000.0 + 60 - (time.time() - t_start))
+    rc = scrape_through(proxies, events, load,
+                        seconds + c.a.flow_ms / 1000.0 + 60 - (time.time() - t_start))
     log("load ended (%s): %s" % (rc, json.dumps(load.summary())))
     for p in proxies:
         p.stop()
