@@ -283,7 +283,7 @@ def run_mode(c, i, mode, requests):
     t_end = time.time()
     events.close()
     write_run_json(c, rd, mode, mode_seed, t_start, t_end, requests)
-    return rd, nem.errors, t_end - t_start, load.argv
+    return rd, nem.errors, t_end - t_start
 
 
 def check(rd):
@@ -311,7 +311,7 @@ def run_all(c):
     a = c.a
     share = a.requests // len(a.modes)
     for i, mode in enumerate(a.modes):
-        rd, errors, took, load_argv = run_mode(c, i, mode, share)
+        rd, errors, took = run_mode(c, i, mode, share)
         rc = check(rd)
         c.results.append({"mode": mode, "dir": rd, "rc": rc, "nemesis_errors": errors,
                           "seconds": took})
@@ -321,6 +321,9 @@ def run_all(c):
 
 def main(argv=None):
     a = parse_args(sys.argv[1:] if argv is None else argv)
+    if os.geteuid() != 0:
+        sys.exit("campaign.py: needs root (it makes network namespaces and runs "
+                 "PostgreSQL as the postgres user)")
     print("verify: seed %d (repeat with --seed %d)" % (a.seed, a.seed), flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     c = Campaign(a)

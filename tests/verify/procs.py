@@ -186,7 +186,6 @@ class Load:
         self.out = open(self.out_path, "wb")
         self.err = open(os.path.join(rundir, "load.err"), "wb")
         argv = [os.path.join(BUILD, "verify_load"), "--log", self.log_path] + args
-        self.argv = argv
         self.proc = popen(net.exec_args("cl") + argv, stdin=subprocess.DEVNULL,
                           stdout=self.out, stderr=self.err)
         self.pos = 0
