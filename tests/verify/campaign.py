@@ -195,13 +195,13 @@ def load_args(c, mode_seed, requests, seconds, proxies):
                    "--tenants", "4"]
 
 
-def fault_phase(c, nem, load, requests, seconds):
+def fault_phase(c, nem, load, requests, seconds, skew_sign):
     """Runs the nemesis until the fault share of the requests was sent (or
     of the time passed, or the load ended); returns the heal time."""
     t0 = time.monotonic()
     skew_at = (seconds * c.a.fault_frac * 0.15, seconds * c.a.fault_frac * 0.6)
     if not c.a.no_faults:
-        nem.start(skew_at)
+        nem.start(skew_at, skew_sign)
     while True:
         sent = load.progress()
         if (sent >= c.a.fault_frac * requests or load.proc.poll() is not None
@@ -271,7 +271,8 @@ def run_mode(c, i, mode, requests):
     c.live.append(load)
     nem = nemesis_mod.Nemesis(mode_seed, c.net, c.cluster, proxies, events, log,
                               gap_s=min(3.0, max(0.8, seconds * c.a.fault_frac / 40.0)))
-    heal = fault_phase(c, nem, load, requests, seconds)
+    # the first mode skews a clock ahead, the second behind
+    heal = fault_phase(c, nem, load, requests, seconds, 1 if i % 2 == 0 else -1)
     events.write({"kind": "heal", "t_s": heal})
     rc = scrape_through(proxies, events, load,
                         seconds + c.a.flow_ms / 1000.0 + 60 - (time.time() - t_start))

@@ -60,12 +60,13 @@ class Nemesis:
 
     # --- the loop ------------------------------------------------------------
 
-    def start(self, skew_window):
+    def start(self, skew_window, skew_sign=1):
         """Starts the fault loop and, when skew_window = (start_s, end_s)
-        from now, the skewed proxy's stretch."""
+        from now, the skewed proxy's stretch: its clock 8-12 s ahead
+        (skew_sign 1) or behind (-1), more than the lease either way."""
         if skew_window:
             self._spawn(self.do_skew, self.rng.choice(sorted(self.proxies)), *skew_window,
-                        self.rng.choice([-1, 1]) * self.rng.uniform(8.0, 12.0))
+                        skew_sign * self.rng.uniform(8.0, 12.0))
         self.loop = threading.Thread(target=self._loop, daemon=True)
         self.loop.start()
 
