@@ -13,3 +13,38 @@ $(BUILD)/verify_load: tests/verify/load.c | $(BUILD) pkg-check
 
 VERIFY_PROGS := $(BUILD)/verify_ledger $(BUILD)/verify_load
 -include $(wildcard $(VERIFY_PROGS:=.d))
+
+# The campaign (tests/verify/campaign.py, as root: it makes network
+# namespaces).
+#
+#   make verify             one million client requests shared by the modes
+#                           hold and release_after_lease (VERIFY_REQUESTS),
+#                           every fault kind, then the checker
+#   make verify-short       the same for about a minute in all (the CI phase)
+#
+# VERIFY_SEED=N repeats a run (the seed is printed first); VERIFY_RATE sets
+# the flows started per second; VERIFY_ARGS passes more options. A passed run
+# keeps its report (report.md) under build/verify/; a failed one keeps all.
+# The instance run under libfaketime is built with glibc's malloc
+# (build/libc/idemproxy): libfaketime hangs at start under jemalloc.
+VERIFY_REQUESTS       ?= 1000000
+VERIFY_RATE           ?= 700
+VERIFY_SEED           ?=
+VERIFY_ARGS           ?=
+VERIFY_SHORT_REQUESTS ?= 16000
+VERIFY_SHORT_RATE     ?= 150
+VERIFY_SHORT_SECONDS  ?= 20
+VERIFY_CAMPAIGN := $(PYTHON) tests/verify/campaign.py $(if $(VERIFY_SEED),--seed $(VERIFY_SEED))
+
+.PHONY: verify verify-short verify-bins verify-skew-proxy
+verify-skew-proxy:
+	$(MAKE) --no-print-directory BUILD=$(BUILD)/libc MALLOC= $(BUILD)/libc/idemproxy
+
+verify-bins: $(BUILD)/idemproxy $(VERIFY_PROGS) verify-skew-proxy
+
+verify: verify-bins
+	$(VERIFY_CAMPAIGN) --requests $(VERIFY_REQUESTS) --rate $(VERIFY_RATE) $(VERIFY_ARGS)
+
+verify-short: verify-bins
+	$(VERIFY_CAMPAIGN) --requests $(VERIFY_SHORT_REQUESTS) --rate $(VERIFY_SHORT_RATE) \
+		--seconds $(VERIFY_SHORT_SECONDS) --short-ttl 5 --flow-ms 8000 $(VERIFY_ARGS)
