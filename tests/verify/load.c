@@ -234,7 +234,7 @@ static uint64_t draw(uint64_t *s, uint64_t n)
 	return n ? splitmix(s) % n : 0;
 }
 
-#define FNV_OFFSET 1469598103934665603ULL
+#define FNV_OFFSET 14695981039346656037ULL
 #define FNV_PRIME 1099511628211ULL
 
 static uint64_t fnv_feed(uint64_t h, const void *p, size_t n)
@@ -987,9 +987,11 @@ static int phase_end(struct flow *f, int64_t now)
 	return 0;
 }
 
-static bool retryable(long status)
+/* A 409 for a key reused with another body is final: retrying it cannot
+ * change the answer (the other 409s say the key is busy, and are retried). */
+static bool retryable(long status, bool mismatch)
 {
-	return status == 0 || status == 409 || status >= 500;
+	return status == 0 || (status == 409 && !mismatch) || status >= 500;
 }
 
 static int64_t retry_delay_us(struct lane *l, long ra_ms)
@@ -1015,9 +1017,10 @@ static int lane_done(struct lane *l, long status, bool final, int64_t now)
 	return phase_end(f, now);
 }
 
-static int lane_outcome(struct lane *l, long status, long ra_ms, int64_t now)
+static int lane_outcome(struct lane *l, long status, bool mismatch,
+			long ra_ms, int64_t now)
 {
-	if (!retryable(status))
+	if (!retryable(status, mismatch))
 		return lane_done(l, status, true, now);
 	if (status == 0)
 		l->target = (l->target + 1) % g.o.ntargets;
@@ -1079,8 +1082,12 @@ static int harvest(int64_t now)
 		struct lane *l = s->lane;
 		long status = err[0] ? 0 : s->status;
 		long ra_ms = err[0] ? -1 : s->ra_ms;
+		char code[64] = "";
+		if (!err[0])
+			problem_code(s, code, sizeof code);
+		bool mismatch = !strcmp(code, "idempotency_key_mismatch");
 		slot_release(s);
-		if (lane_outcome(l, status, ra_ms, now))
+		if (lane_outcome(l, status, mismatch, ra_ms, now))
 			return -1;
 	}
 	return 0;

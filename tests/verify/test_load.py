@@ -38,7 +38,7 @@ RETRY_CAP_MS = 1500
 
 
 def fnv(data):
-    h = 1469598103934665603
+    h = 0xcbf29ce484222325
     for b in data:
         h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
     return "%016x" % h
@@ -106,7 +106,7 @@ class Ledger:
             self.early.pop((tenant, key), None)
             rec = None
         if rec and rec["req_body"] != body:
-            return self.problem(422, "key_reused_with_other_body"), 0
+            return self.problem(409, "idempotency_key_mismatch"), 0
         if rec:
             return dict(rec, replayed=True), 0
         return self.scripted(port, tenant, key, path, body)
@@ -294,7 +294,9 @@ def check_kinds(flows, f_by_id):
             assert all(a["akind"] == "wait" for a in atts) and len(atts) >= 2
         elif f["fkind"] == "mismatch" and f["final"] == "1":
             assert last["body_sha"] != f["body_sha"] and last["key"] == f["key"]
-            assert (last["status"], last["code"]) == ("422", "key_reused_with_other_body")
+            assert (last["status"], last["code"]) == ("409", "idempotency_key_mismatch")
+            # The proxy's mismatch answer is final: never retried.
+            assert sum(a["akind"] == "mismatch" for a in atts) == 1
         elif f["fkind"] == "tenant" and f["final"] == "1":
             assert last["tenant"] != f["tenant"] and last["body_sha"] == f["body_sha"]
             assert last["replayed"] == "0" and last["exec"] not in ("", first_exec)
