@@ -26,7 +26,8 @@ VERIFY_PROGS := $(BUILD)/verify_ledger $(BUILD)/verify_load
 # the flows started per second; VERIFY_ARGS passes more options. A passed run
 # keeps its report (report.md) under build/verify/; a failed one keeps all.
 # The instance run under libfaketime is built with glibc's malloc
-# (build/libc/idemproxy): libfaketime hangs at start under jemalloc.
+# ($(BUILD)/idemproxy-glibc-malloc, mk/shim.mk): libfaketime hangs at start
+# under jemalloc.
 VERIFY_REQUESTS       ?= 1000000
 VERIFY_RATE           ?= 700
 VERIFY_SEED           ?=
@@ -36,15 +37,16 @@ VERIFY_SHORT_RATE     ?= 150
 VERIFY_SHORT_SECONDS  ?= 20
 VERIFY_CAMPAIGN := $(PYTHON) tests/verify/campaign.py $(if $(VERIFY_SEED),--seed $(VERIFY_SEED))
 
-.PHONY: verify verify-short verify-bins verify-skew-proxy
-verify-skew-proxy:
-	$(MAKE) --no-print-directory BUILD=$(BUILD)/libc MALLOC= $(BUILD)/libc/idemproxy
+.PHONY: verify verify-short verify-bins verify-selftest
+# The ledger, the load generator and the checker tested on their own first.
+verify-selftest: $(VERIFY_PROGS)
+	$(PYTHON) -m pytest -q -p no:cacheprovider tests/verify
 
-verify-bins: $(BUILD)/idemproxy $(VERIFY_PROGS) verify-skew-proxy
+verify-bins: $(BUILD)/idemproxy $(VERIFY_PROGS) $(BUILD)/idemproxy-glibc-malloc
 
-verify: verify-bins
+verify: verify-bins verify-selftest
 	$(VERIFY_CAMPAIGN) --requests $(VERIFY_REQUESTS) --rate $(VERIFY_RATE) $(VERIFY_ARGS)
 
-verify-short: verify-bins
+verify-short: verify-bins verify-selftest
 	$(VERIFY_CAMPAIGN) --requests $(VERIFY_SHORT_REQUESTS) --rate $(VERIFY_SHORT_RATE) \
 		--seconds $(VERIFY_SHORT_SECONDS) --short-ttl 5 --flow-ms 8000 $(VERIFY_ARGS)

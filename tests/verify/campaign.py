@@ -71,9 +71,9 @@ def parse_args(argv):
     ap.add_argument("--no-faults", action="store_true",
                     help="no nemesis (a baseline of the same load)")
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "idemproxy"))
-    ap.add_argument("--skew-binary", default=os.path.join(ROOT, "build", "libc", "idemproxy"),
+    ap.add_argument("--skew-binary", default=os.path.join(ROOT, "build", "idemproxy-glibc-malloc"),
                     help="the proxy run under libfaketime: built with glibc's malloc "
-                         "(make BUILD=build/libc MALLOC=)")
+                         "(make build/idemproxy-glibc-malloc)")
     a = ap.parse_args(argv)
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     for m in a.modes:
