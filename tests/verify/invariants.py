@@ -19,22 +19,32 @@ forward      one ledger line: a request the proxy sent and the ledger read
 epoch        one record lifetime of a scope. Records expire at
              claim + ttl (the claim's `now()`, the database's clock:
              sql/009_own_token_lease.sql; completing never moves
-             `expires_at`, a takeover moves it to at most takeover + lease).
-             The claim that opened an epoch came after the client sent the
-             attempt that carried it (its t0) and at most a lease before the
-             forward (the proxy sends only with upstream_timeout + margin of
-             the lease left), so
-                 claim >= claim_lo = max(t0 of that attempt, t_start - lease)
+             `expires_at`, a release keeps the row and its `expires_at`, a
+             takeover moves it to at most takeover + lease). The claim
+             that opened an epoch may come from any attempt of the scope,
+             not only the one forwarded (an attempt that claimed, got
+             upstream_unavailable and released, say), so
+                 claim >= claim_lo = earliest t0 of the scope's attempts
+             (in a later epoch: of those still going when the previous
+             epoch may have expired, and not before that, exp_lo - slack)
              and the epoch lives at least until exp_lo = claim_lo + ttl. A
              forward at t_start < exp_lo - clock_slack is in the same epoch;
              later ones open a new epoch (that is how `late` refunds may
              execute again). The epoch surely ended by
-                 exp_hi = max(first.t_end + ttl, last.t_end + lease).
+                 exp_hi = max(first.t_start + ttl, last.t_end + lease).
 final        a client answer that ends a flow: 2xx, 402, 422, any 4xx but
              409 (what the load generator stops on). Every ledger answer
-             carrying an exec (201, 402) is final.
-seen         a ledger answer (exec non-empty) received by a client; its
-             seen time is the earliest t1 of the attempts that got it.
+             carrying an exec (201, 402) is final, and so is a *stored*
+             answer: a non-effect ledger answer with a status not in
+             release_statuses (an e503 in hold mode, release_statuses
+             empty), read whole, heading its epoch; the proxy gives it
+             (no problem code, no exec) and replays it until expiry.
+seen         a ledger answer (an exec, or a stored answer, matched by
+             resp_hash) received by a client; its seen time is the earliest
+             t1 of the attempts that got it. A problem the proxy answered
+             instead (idempotency_outcome_unrecorded: the upstream answered
+             but the answer was not recorded, so it is withheld) is never a
+             sighting.
 faults       the windows [t0_s, t1_s] of partition, kill, term, restart,
              pg_crash, failover and freeze events. Skew is counted as a
              fault injected but does not open a window: a skewed clock
@@ -66,7 +76,9 @@ The invariants and how these files prove them
    (`bytes_differ`: status, content type, exec header, body), and all
    answers of one epoch carry one exec (`two_execs_answered`, one per extra
    exec): after the first final ledger answer reached a client, every other
-   answer before expiry is the same exec. `no_exec`: a 2xx or 402 that is
+   answer before expiry is the same exec. `unknown_replay`: an answer
+   with Idempotent-Replayed, no exec and no code that is not its scope's
+   stored answer (another status or other bytes, or a released one). `no_exec`: a 2xx or 402 that is
    no proxy problem and carries no exec (only the ledger makes those, and a
    replay must give its replay headers back, X-Ledger-Exec included).
 3. `cross_tenant`: an answer whose exec the ledger made for another tenant
@@ -91,8 +103,9 @@ The invariants and how these files prove them
    let a byte go), idempotency_store_unavailable (the claim failed: with
    unavailable = reject nothing is sent; with "forward" the client gets the
    upstream's own answer, never this code), overloaded and shutting_down
-   (not started). Not in it: upstream_outcome_unknown and
-   upstream_response_too_large (sent), internal_error (no promise made).
+   (not started). Not in it: upstream_outcome_unknown,
+   idempotency_outcome_unrecorded and upstream_response_too_large (sent),
+   internal_error (no promise made).
 5. Once a client saw a final ledger answer of an epoch (at T, the earliest
    t1), `different_after_seen`: an answer to an attempt sent after T (t0 >
    T) carries another exec; `forwarded_after_seen`: the ledger got a forward
@@ -118,7 +131,7 @@ The invariants and how these files prove them
    which counts every forward).
 8. A `wait` attempt or any attempt on the transfer route (but `mismatch`
    sends: a mismatch is refused before anything waits) that got an answer
-   got: the key's one execution (the epoch's first seen exec,
+   got: the key's one execution or stored answer (the epoch's first seen,
    `not_original` otherwise; `other_tenant` for another scope's), a 409
    with a code, or the answer to its own forward (a waiter that took a
    released or expired key over is the original then). `bad_answer`: a 409
@@ -136,7 +149,8 @@ Excuses (never violations; each counted under "excused" in the summary)
   invariant 4 only if they carry a code (they do not).
 - A ledger answer no client received cannot be judged: a forward after an
   unseen execution's lease ended is allowed in release_after_lease (the
-  proxy may never have read it), and its bytes are not compared.
+  proxy may never have read it, or read it and withheld it as
+  idempotency_outcome_unrecorded), and its bytes are not compared.
 - A released forward (e503 read whole, release mode) binds nothing.
 - A forward at or after exp_lo - clock_slack opens a new epoch (the record
   may have expired): allowed.
@@ -150,7 +164,8 @@ Excuses (never violations; each counted under "excused" in the summary)
 - Invariant 6: a flow the client gave up (deadline, stop) before the bound
   passed is not judged; a heal followed by a new fault window before the
   bound passed is not judged; in hold mode a scope whose outcome became
-  unknown (a forward cut, or a client got upstream_outcome_unknown) is held
+  unknown (a forward cut, or a client got upstream_outcome_unknown or
+  idempotency_outcome_unrecorded) is held
   for an operator by design, and so is the gauge while such keys exist.
 - Answers to attempts whose exec is in no ledger line are `unknown_exec`,
   never excused.
@@ -200,6 +215,10 @@ NOT_FORWARDED = frozenset([
     "idempotency_lease_expired", "upstream_unavailable",
     "idempotency_store_unavailable", "overloaded", "shutting_down",
 ])
+# Codes after which a hold-mode record stays processing until an operator
+# releases it: the upstream was called and its outcome is not recorded.
+HELD_CODES = frozenset(["upstream_outcome_unknown",
+                        "idempotency_outcome_unrecorded"])
 WINDOW_FAULTS = frozenset(["partition", "kill", "term", "restart",
                            "pg_crash", "failover", "freeze"])
 ALL_FAULTS = WINDOW_FAULTS | {"skew"}
@@ -354,6 +373,8 @@ class Checker:
         self.malformed = {"ledger.tsv": 0, "load.tsv": 0}
         self.load_cut = False
         self.held = set()
+        self.first_t0 = {}
+        self.att_times = {}
 
     def ttl_of(self, path):
         return self.ttl.get(path, 3600 * US)
@@ -436,18 +457,38 @@ class Checker:
         self.fig["ledger"] = {"forwards": n, "executions": effects}
 
     def learn_attempt_t0(self):
-        """Pass 1 over load.tsv: t0 of every attempt the ledger saw."""
+        """Pass 1 over load.tsv: t0 of every attempt the ledger saw, the
+        earliest t0 of each forwarded scope's attempts (any of them may
+        have made the claim that fixed the record's expiry) and, for
+        scopes forwarded more than once, every attempt's (t0, t1)."""
         ca = {n: i for i, n in enumerate(A_COLS)}
-        by_att = self.by_att
+        by_att, by_scope = self.by_att, self.by_scope
+        first_t0, times = self.first_t0, self.att_times
         for f in self.load_lines():
             if f[0] != "A":
                 continue
             if f[1] == "flow":
                 ca = {n: i for i, n in enumerate(f)}
                 continue
+            if len(f) < len(ca) or not f[ca["t0"]].isdigit():
+                continue
+            t0 = int(f[ca["t0"]])
             r = by_att.get(f[ca["attempt_id"]])
-            if r is not None and f[ca["t0"]].isdigit():
-                r.att_t0 = int(f[ca["t0"]])
+            if r is not None:
+                r.att_t0 = t0
+            scope = "%s\t%s\t%s" % (f[ca["tenant"]],
+                                    route_path(f[ca["route"]]), f[ca["key"]])
+            fwds = by_scope.get(scope)
+            if fwds is None:
+                continue
+            v = first_t0.get(scope)
+            if v is None or t0 < v:
+                first_t0[scope] = t0
+            if type(fwds) is list:
+                t1 = int(f[ca["t1"]]) if f[ca["t1"]].isdigit() else 0
+                if f[ca["status"]] in ("", "0"):
+                    t1 = 1 << 62  # given up: the proxy may still claim
+                times.setdefault(scope, []).append((t0, t1))
 
     def build_epochs(self):
         slack, lease = self.clock_slack, self.lease
@@ -460,12 +501,9 @@ class Checker:
             head = None
             for r in fwds:
                 if head is None or r.t_start >= head.exp_lo - slack:
+                    r.exp_lo = self.claim_lo(scope, r, head) + ttl
+                    r.exp_hi = r.t_start + ttl
                     head = r
-                    lo = r.t_start - lease
-                    if r.att_t0 is not None and r.att_t0 > lo:
-                        lo = r.att_t0
-                    r.exp_lo = lo + ttl
-                    r.exp_hi = r.t_end + ttl
                 else:
                     if head.members is None:
                         head.members = [head]
@@ -474,6 +512,30 @@ class Checker:
                 r.head = head
                 if self.hold and (r.cut or not r.status):
                     self.held.add(scope)
+
+    def claim_lo(self, scope, r, prev):
+        """The earliest the claim that opened r's epoch can have been. The
+        first claim of a record fixes its expiry and a release or a
+        takeover keeps it (sql/009_own_token_lease.sql), so the claim may
+        come from any attempt of the scope, not only the forwarded one
+        (one answered upstream_unavailable, say, and released). In a later
+        epoch the claim came after the previous record expired (at or
+        after prev.exp_lo), from an attempt still going then."""
+        if prev is None:
+            lo = self.first_t0.get(scope)
+            if lo is None or lo > r.t_start:
+                lo = r.t_start - self.lease
+            if r.att_t0 is not None and r.att_t0 < lo:
+                lo = r.att_t0
+            return lo
+        floor = prev.exp_lo - self.clock_slack
+        lo = None
+        for t0, t1 in self.att_times.get(scope, ()):
+            if t0 <= r.t_start and t1 >= floor and (lo is None or t0 < lo):
+                lo = t0
+        if lo is None:
+            lo = r.t_start - self.lease
+        return max(lo, prev.exp_lo - self.clock_slack)
 
     # --- load --------------------------------------------------------------
 
@@ -541,10 +603,14 @@ class Checker:
         if code in NOT_FORWARDED and fwd is not None:
             t.bad("4", "forwarded_after_refusal", attempt=att, code=code,
                   status=status, exec=fwd.exec)
-        if self.hold and ((status == 504 and code == "upstream_outcome_unknown")
+        if self.hold and (code in HELD_CODES
                           or (status == 0 and fwd is not None)):
             self.held.add(scope)
-        if self.heals and 200 <= status < 500 and status != 409:
+        stored = None
+        if status and not ex and not code:
+            stored = self.stored_answer(f, c, scope, att, t0, t1, status)
+        if self.heals and (stored is not None or (
+                200 <= status < 500 and status != 409)):
             fl = f[c["flow"]]
             v = self.first_final.get(fl)
             if v is None or t1 < v:
@@ -561,8 +627,39 @@ class Checker:
         if not ex and not code and (200 <= status < 300 or status == 402):
             t.bad("2", "no_exec", attempt=att, status=status)
         if akind == "wait" or (path == TRANSFER_PATH and akind != "mismatch"):
-            self.wait_attempt(f, c, scope, att, t0, t1, status, code, ex, r,
-                              fwd)
+            self.wait_attempt(f, c, scope, att, t0, t1, status, code, ex,
+                              r or stored, fwd)
+
+    def stored_answer(self, f, c, scope, att, t0, t1, status):
+        """An answer without exec or problem code that is the scope's
+        stored non-effect answer (an e503 the record completed with:
+        release_statuses empty in hold mode): the ledger's answer to the
+        epoch's first forward, read whole, byte for byte. It is final, it
+        is the key's one answer, and a client seeing it counts as seen.
+        A replay of anything else is `unknown_replay` (invariant 2)."""
+        rh = hexint(f[c["resp_hash"]])
+        fwds = self.by_scope.get(scope, ())
+        for g in (fwds if type(fwds) is list else (fwds,)):
+            if (g.head is g and not g.effect and not g.cut and g.status
+                    and g.status == status and g.status not in self.release
+                    and g.rhash == rh and g.t_start <= t1):
+                self.saw(g, att, t0, t1, f[c["replayed"]] == "1")
+                return g
+        if f[c["replayed"]] == "1":
+            self.t.bad("2", "unknown_replay", attempt=att, status=status,
+                       got=f[c["resp_hash"]])
+        return None
+
+    def saw(self, r, att, t0, t1, replayed):
+        """A client got r's answer (sent at t0, received at t1)."""
+        if r.seen_t1 is None or t1 < r.seen_t1:
+            r.seen_t1 = t1
+        if r.seen_t0 is None or t0 > r.seen_t0:
+            r.seen_t0 = t0
+        h = r.head
+        if replayed and t0 > h.exp_hi + self.replay_slack:
+            self.t.bad("7", "replay_after_expiry", attempt=att,
+                       exec=r.exec, t0=t0, expired_by=h.exp_hi)
 
     def holds_body(self, scope, body, t):
         """Did scope's record surely hold this body at t (a forward of it
@@ -592,14 +689,7 @@ class Checker:
             t.bad("2", "bytes_differ", attempt=att, exec=ex,
                   got=f[c["resp_hash"]], ledger="%016x" % r.rhash
                   if isinstance(r.rhash, int) else r.rhash)
-        if r.seen_t1 is None or t1 < r.seen_t1:
-            r.seen_t1 = t1
-        if r.seen_t0 is None or t0 > r.seen_t0:
-            r.seen_t0 = t0
-        h = r.head
-        if f[c["replayed"]] == "1" and t0 > h.exp_hi + self.replay_slack:
-            t.bad("7", "replay_after_expiry", attempt=att, exec=ex,
-                  t0=t0, expired_by=h.exp_hi)
+        self.saw(r, att, t0, t1, f[c["replayed"]] == "1")
         return r
 
     def wait_attempt(self, f, c, scope, att, t0, t1, status, code, ex, r,
@@ -609,7 +699,7 @@ class Checker:
             t.excuse("8: wait attempt without an answer (timeout/transport)")
             return
         self.wait_answered += 1
-        if ex and r is not None:
+        if r is not None and (ex or r.scope == scope):
             if r.tenant != f[c["tenant"]]:
                 t.bad("8", "other_tenant", attempt=att, exec=ex)
             elif r.scope == scope:

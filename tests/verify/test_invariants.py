@@ -666,3 +666,138 @@ def test_large_clean_history_time_and_memory(tmp_path):
               attempts, 125_000, s["check_seconds"], took,
               s["check_peak_rss_mb"]))
     assert s["requests"] == attempts and s["keys"] == 125_000
+
+
+# --- answers the first campaign runs showed --------------------------------
+
+def stored_503(r, att, key, t_start, **kw):
+    """An e503 forward; returns its resp_hash (what a replay carries)."""
+    r.forward(att, key, t_start, t_start + 0.01, effect=0, status=503, **kw)
+    return r.ledger[-1][14]
+
+
+def test_stored_503_in_hold_mode_is_the_keys_final_answer(tmp_path):
+    # release_statuses = []: the e503 completes the record and is replayed
+    # (without X-Ledger-Exec) for as long as the record lives.
+    r = Run(tmp_path, mode="hold")
+    r.run["release_statuses"] = []
+    r.event("partition", a="p1", b="pg", dir="both", t0_s=10.0, t1_s=12.0)
+    r.event("heal", t_s=12.0)
+    r.attempt("a0", "k", 11.0, 11.5, status=503, route="transfer",
+              code="idempotency_store_unavailable", akind="wait")
+    rh = stored_503(r, "a1", "k", 12.51, route="transfer")
+    r.attempt("a1", "k", 12.5, 12.53, status=503, rhash=rh,
+              route="transfer", akind="wait")
+    r.attempt("a2", "k", 13.0, 13.01, status=503, rhash=rh, replayed=1,
+              route="transfer", akind="wait")
+    r.flow(1, "k", 11.0, 41.0, final=0, cause="deadline", attempts=3,
+           route="transfer", fkind="wait")
+    s = r.check()
+    assert s["ok"], s["anomaly_classes"]
+    assert s["after_heal"]["reached_final_in_bound"] == 1
+
+
+def test_stored_503_only_where_it_is_the_keys_stored_answer(tmp_path):
+    # Other bytes than the ledger's answer for the key: not its answer.
+    r = Run(tmp_path, mode="hold")
+    stored_503(r, "a1", "k", 1.01, route="transfer")
+    r.attempt("a2", "k", 2.0, 2.01, status=503, rhash="00000000000000aa",
+              replayed=1, route="transfer", akind="wait")
+    s = r.check()
+    only(s, "2", "unknown_replay")
+    only(s, "8", "bad_answer")
+    # release_after_lease: a read 503 is released, never stored.
+    r2 = Run(tmp_path / "release")
+    rh = stored_503(r2, "a1", "k", 1.01)
+    r2.attempt("a2", "k", 2.0, 2.01, status=503, rhash=rh, replayed=1)
+    only(r2.check(), "2", "unknown_replay")
+    # Not final when it is not the stored answer (invariant 6).
+    r3 = Run(tmp_path / "notfinal")
+    r3.event("heal", t_s=12.0)
+    r3.attempt("a0", "k", 11.0, 11.5, status=503,
+               code="idempotency_store_unavailable")
+    rh = stored_503(r3, "a1", "k", 12.51)
+    r3.attempt("a1", "k", 12.5, 12.53, status=503, rhash=rh)
+    r3.flow(1, "k", 11.0, 41.0, final=0, cause="deadline", attempts=2)
+    only(r3.check(), "6", "not_final_in_bound")
+
+
+def test_stored_503_seen_binds_the_key(tmp_path):
+    # A forward after a client saw the key's stored 503 (invariant 5).
+    r = Run(tmp_path, mode="hold")
+    rh = stored_503(r, "a1", "k", 1.01)
+    r.attempt("a1", "k", 1.0, 1.03, status=503, rhash=rh)
+    r.forward("a2", "k", 2.01, 2.02)
+    s = r.check()
+    only(s, "5", "forwarded_after_seen")
+    only(s, "1", "hold_second_forward")
+
+
+def test_epoch_starts_at_the_first_claim_not_the_first_forward(tmp_path):
+    # The first attempt claimed (expiry = 1.0 + 20 s at the earliest), got
+    # upstream_unavailable and released; the retry forwarded at 3.31. A
+    # body executed at 21.6 is after the earliest expiry: a new epoch.
+    r = Run(tmp_path, mode="hold")
+    r.attempt("a0", "k", 1.0, 1.01, status=503, route="refund",
+              code="upstream_unavailable")
+    e = r.forward("a1", "k", 3.31, 3.32, route="refund")
+    r.attempt("a1", "k", 3.3, 3.33, ex=e, route="refund")
+    e2 = r.forward("m", "k", 21.6, 21.61, route="refund", body="b2")
+    r.attempt("m", "k", 21.6, 21.62, ex=e2, route="refund", body="b2",
+              akind="mismatch")
+    # Replays are judged against the latest expiry: 3.31 + 20 + slack.
+    r.attempt("a2", "k", 24.2, 24.21, ex=e, replayed=1, route="refund")
+    s = r.check()
+    assert s["ok"], s["anomaly_classes"]
+    # Before the earliest expiry less the slack it is still one epoch.
+    r2 = Run(tmp_path / "early", mode="hold")
+    r2.attempt("a0", "k", 1.0, 1.01, status=503, route="refund",
+               code="upstream_unavailable")
+    r2.forward("a1", "k", 3.31, 3.32, route="refund")
+    r2.forward("m", "k", 20.6, 20.61, route="refund", body="b2")
+    s = r2.check()
+    only(s, "1", "hold_second_forward")
+    only(s, "3", "mismatch_executed")
+    r3 = Run(tmp_path / "late_replay", mode="hold")
+    r3.attempt("a0", "k", 1.0, 1.01, status=503, route="refund",
+               code="upstream_unavailable")
+    e = r3.forward("a1", "k", 3.31, 3.32, route="refund")
+    r3.attempt("a2", "k", 24.4, 24.41, ex=e, replayed=1, route="refund")
+    only(r3.check(), "7", "replay_after_expiry")
+
+
+def test_outcome_unrecorded_hold_mode_keeps_the_key_for_an_operator(
+        tmp_path):
+    r = Run(tmp_path, mode="hold")
+    r.event("partition", a="p1", b="pg", dir="both", t0_s=8.0, t1_s=12.0)
+    r.event("heal", t_s=12.0)
+    r.forward("a", "k", 9.01, 9.02)  # executed; the record write failed
+    r.attempt("a", "k", 9.0, 10.0, status=503,
+              code="idempotency_outcome_unrecorded")
+    r.attempt("b", "k", 13.0, 13.01, status=409,
+              code="idempotency_key_in_use")
+    r.flow(1, "k", 9.0, 39.0, final=0, cause="deadline", attempts=5)
+    r.event("scrape", inst="p1", t_s=14.0, oldest_processing_s=5.0)
+    s = r.check()
+    assert s["ok"], s["anomaly_classes"]
+    assert any(k.startswith("6: hold mode") for k in s["excused"])
+
+
+def test_outcome_unrecorded_release_mode_answer_was_lost(tmp_path):
+    # The client never got the answer: not seen, so after the lease the
+    # key may execute again; the code is no "not forwarded" refusal.
+    r = Run(tmp_path)
+    r.forward("a", "k", 3.0, 3.1)
+    r.attempt("a", "k", 2.99, 3.2, status=503,
+              code="idempotency_outcome_unrecorded")
+    e = r.forward("b", "k", 6.1, 6.2)
+    r.attempt("b", "k", 6.05, 6.3, ex=e)
+    s = r.check()
+    assert s["ok"], s["anomaly_classes"]
+    # The same history with the answer given is a takeover after it was
+    # seen.
+    r2 = Run(tmp_path / "seen")
+    e = r2.forward("a", "k", 3.0, 3.1)
+    r2.attempt("a", "k", 2.99, 3.2, ex=e)
+    r2.forward("b", "k", 6.1, 6.2)
+    only(r2.check(), "1", "after_answer_seen")
