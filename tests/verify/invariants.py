@@ -639,12 +639,19 @@ class Checker:
         A replay of anything else is `unknown_replay` (invariant 2)."""
         rh = hexint(f[c["resp_hash"]])
         fwds = self.by_scope.get(scope, ())
+        # The latest such epoch head before the answer: a key whose record
+        # expired opens a new epoch, and its stored 503 has the very same
+        # bytes as the old one's.
+        found = None
         for g in (fwds if type(fwds) is list else (fwds,)):
             if (g.head is g and not g.effect and not g.cut and g.status
                     and g.status == status and g.status not in self.release
-                    and g.rhash == rh and g.t_start <= t1):
-                self.saw(g, att, t0, t1, f[c["replayed"]] == "1")
-                return g
+                    and g.rhash == rh and g.t_start <= t1
+                    and (found is None or g.t_start > found.t_start)):
+                found = g
+        if found is not None:
+            self.saw(found, att, t0, t1, f[c["replayed"]] == "1")
+            return found
         if f[c["replayed"]] == "1":
             self.t.bad("2", "unknown_replay", attempt=att, status=status,
                        got=f[c["resp_hash"]])

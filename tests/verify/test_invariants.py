@@ -722,6 +722,32 @@ def test_stored_503_only_where_it_is_the_keys_stored_answer(tmp_path):
     only(r3.check(), "6", "not_final_in_bound")
 
 
+def test_stored_503_of_a_new_epoch_replays_until_its_own_expiry(tmp_path):
+    # A refund (ttl 20 s) completed with a stored 503 at 1.0; the record
+    # expired, a retry at 21.5 forwarded again (a new epoch) and stored the
+    # same 503 bytes; a replay at 23.0 is that new epoch's answer, not a
+    # replay of the first one after its expiry.
+    r = Run(tmp_path, mode="hold")
+    r.run["release_statuses"] = []
+    rh = stored_503(r, "a1", "k", 1.01, route="refund")
+    r.attempt("a1", "k", 1.0, 1.03, status=503, rhash=rh, route="refund")
+    rh2 = stored_503(r, "a2", "k", 21.51, route="refund")
+    assert rh2 == rh
+    r.attempt("a2", "k", 21.5, 21.53, status=503, rhash=rh, route="refund")
+    r.attempt("a3", "k", 23.0, 23.01, status=503, rhash=rh, replayed=1,
+              route="refund")
+    s = r.check()
+    assert s["ok"], s["anomaly_classes"]
+    # A replay of the stored 503 when no epoch can still be alive is one.
+    r2 = Run(tmp_path / "late", mode="hold")
+    r2.run["release_statuses"] = []
+    rh = stored_503(r2, "a1", "k", 1.01, route="refund")
+    r2.attempt("a1", "k", 1.0, 1.03, status=503, rhash=rh, route="refund")
+    r2.attempt("a3", "k", 23.5, 23.51, status=503, rhash=rh, replayed=1,
+               route="refund")
+    only(r2.check(), "7", "replay_after_expiry")
+
+
 def test_stored_503_seen_binds_the_key(tmp_path):
     # A forward after a client saw the key's stored 503 (invariant 5).
     r = Run(tmp_path, mode="hold")
