@@ -46,6 +46,19 @@ def free_port():
             return port
 
 
+def log_entries(proxy):
+    """The JSON objects of proxy's log, in order (other lines skipped)."""
+    out = []
+    for line in proxy.log().splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
 def wait_until(pred, timeout=10.0, interval=0.02, what="condition"):
     """Polls pred() until it returns something truthy; fails after timeout.
     Used to wait for events (a request reaching the stub), never to judge

@@ -2,12 +2,11 @@
 synchronous standbys or none, logged at start, on reload, when the
 store connection lands on another server and when a periodic check finds
 it changed, and exported as gauges."""
-import json
 import signal
 
 import pytest
 
-from helpers import wait_until
+from helpers import log_entries, wait_until
 from pg_standby import APP_NAME, StandbyPair
 from store_support import metrics
 
@@ -23,15 +22,8 @@ def commit_level(m, level):
 
 
 def durability_lines(proxy):
-    out = []
-    for line in proxy.log().splitlines():
-        try:
-            d = json.loads(line)
-        except ValueError:
-            continue
-        if d.get("msg", "").startswith("store durability"):
-            out.append(d)
-    return out
+    return [d for d in log_entries(proxy)
+            if d.get("msg", "").startswith("store durability")]
 
 
 def checked(proxy, n=1):

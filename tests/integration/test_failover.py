@@ -10,7 +10,6 @@ with a waiter on the other instance, a held attempt whose record will fail,
 a few seconds of load on both instances), and each test then checks one
 promise against what the stub upstream received and what the new primary
 holds."""
-import json
 import os
 import random
 import threading
@@ -22,7 +21,8 @@ import requests
 
 from conftest import (ADMIN_TOKEN, PgDb, Proxy, default_routes, run_binary, start_stub,
                       stop_stub)
-from helpers import TIMEOUT, free_port, is_replay, new_key, render_conf, wait_until
+from helpers import (TIMEOUT, free_port, is_replay, log_entries, new_key, render_conf,
+                     wait_until)
 from pg_standby import StandbyPair
 from store_support import PAY, insert_record, pay, wait_state
 from test_batch import Requests, batched, claims_queued_behind_held_rows
@@ -311,18 +311,6 @@ def test_a_record_that_failed_during_the_failover_is_written_before_the_answer(
         again = pay(p, scenario.late_key)
         assert is_replay(again) and again.content == late.content
     assert fo_stub.count(key=scenario.late_key) == 1
-
-
-def log_entries(proxy):
-    out = []
-    for line in proxy.log().splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict):
-            out.append(doc)
-    return out
 
 
 def test_the_failover_is_logged_once_per_instance(scenario, pair, proxies):

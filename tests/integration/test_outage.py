@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from helpers import (TIMEOUT, assert_problem, assert_retry_after, fire_together, is_replay,
-                     new_key, wait_until)
+                     log_entries, new_key, wait_until)
 from private_pg import PrivatePgCluster
 from store_support import PAY, pay
 
@@ -73,18 +73,6 @@ def counter(proxy, name, **labels):
         if all(have.get(k) == v for k, v in labels.items()):
             total += float(m.group(3))
     return total
-
-
-def log_entries(proxy):
-    out = []
-    for line in proxy.log().splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(doc, dict):
-            out.append(doc)
-    return out
 
 
 def request_line(proxy, request_id):

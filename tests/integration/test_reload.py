@@ -12,8 +12,8 @@ import psycopg
 import requests
 
 from conftest import ADMIN_TOKEN, default_routes, run_binary
-from helpers import (TIMEOUT, assert_problem, is_replay, new_key, render_conf,
-                     wait_until)
+from helpers import (TIMEOUT, assert_problem, is_replay, log_entries, new_key,
+                     render_conf, wait_until)
 from store_support import PAY, insert_record, metrics, pay, wait_state
 
 HITS = 'idemproxy_events_total{event="replay_cache_hit"}'
@@ -53,13 +53,7 @@ def reload(proxy, conf):
 
 
 def log_lines(proxy):
-    out = []
-    for line in proxy.log().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+    return log_entries(proxy)
 
 
 def lock_table(pg):
