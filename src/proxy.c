@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "coding.h"
 #include "decide.h"
@@ -617,23 +616,6 @@ enum record_end { RECORD_WRITTEN, RECORD_UNRECORDED, RECORD_FENCED };
 #define RECORD_AGAIN_FIRST_MS 50.0
 #define RECORD_AGAIN_MAX_MS 1000.0
 
-/* Waits without blocking the serving loop: through the scheduler on a
- * fiber, in the kernel on a plain thread. */
-static void pause_until(double until_ms)
-{
-	double left = until_ms - mono_ms();
-	if (left <= 0)
-		return;
-	if (fiber_current()) {
-		(void)fiber_wait_fds(0, NULL, NULL, NULL, until_ms);
-		return;
-	}
-	struct timespec ts = {
-		(time_t)(left / 1000),
-		(long)((left - (double)(long long)(left / 1000) * 1000) * 1e6)};
-	nanosleep(&ts, NULL);
-}
-
 /* The answer's record failed: the worker writes it again itself, with
  * backoff, while the client waits, until the lease less its margin (then
  * another attempt may take the key over). Each try is a repeat (an earlier
@@ -655,7 +637,8 @@ static int record_again(proxy_worker *w, const job *j, const request_plan *p,
 		double next = mono_ms() + backoff;
 		if (next >= until)
 			return -1;
-		pause_until(next);
+		/* On the worker's fiber: the serving loop goes on meanwhile. */
+		(void)fiber_wait_fds(0, NULL, NULL, NULL, next);
 		store_set_deadline(w->st, until);
 		int rc = store_complete_req(w->st, &q, fenced, err, errlen);
 		store_set_deadline(w->st, 0);

@@ -21,6 +21,7 @@ durability a failover needs; sync=False makes the standby asynchronous.
         pair.stop()                   # always, also after a failure
 """
 import atexit
+import contextlib
 import os
 import pwd
 import shutil
@@ -307,3 +308,17 @@ class StandbyPair:
                 except ProcessLookupError:
                     pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_pair(tmpdir, sync=True):
+    """A pair started, streaming and migrated; stopped on the way out, also
+    after a failure."""
+    p = StandbyPair(tmpdir, sync=sync)
+    try:
+        p.start()
+        p.wait_streaming()
+        p.migrate()
+        yield p
+    finally:
+        p.stop()

@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from helpers import log_entries, wait_until
-from pg_standby import APP_NAME, StandbyPair
+from pg_standby import APP_NAME, running_pair
 from store_support import metrics
 
 SYNC = "store durability: commits wait for a synchronous standby"
@@ -35,14 +35,8 @@ def checked(proxy, n=1):
 
 @pytest.fixture
 def pair(tmp_path, request):
-    p = StandbyPair(tmp_path, sync=request.param)
-    try:
-        p.start()
-        p.wait_streaming()
-        p.migrate()
+    with running_pair(tmp_path, sync=request.param) as p:
         yield p
-    finally:
-        p.stop()
 
 
 def proxy_on(make_proxy, url, migrate=False, **top):

@@ -23,7 +23,7 @@ from conftest import (ADMIN_TOKEN, PgDb, Proxy, default_routes, run_binary, star
                       stop_stub)
 from helpers import (TIMEOUT, free_port, is_replay, log_entries, new_key, render_conf,
                      wait_until)
-from pg_standby import StandbyPair
+from pg_standby import running_pair
 from store_support import PAY, insert_record, pay, wait_state
 from test_batch import Requests, batched, claims_queued_behind_held_rows
 from test_outage import counter
@@ -37,14 +37,8 @@ RETRY_FOR = 25.0           # a load client retries one key this long at most
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    p = StandbyPair(str(tmp_path_factory.mktemp("pair")), sync=True)
-    try:
-        p.start()
-        p.wait_streaming()
-        p.migrate()
+    with running_pair(str(tmp_path_factory.mktemp("pair"))) as p:
         yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture(scope="module")

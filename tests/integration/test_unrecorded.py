@@ -16,22 +16,14 @@ import threading
 import pytest
 
 from helpers import is_replay, new_key, wait_until
-from pg_relay import PgRelay
 from store_support import PAY, pay, wait_state
 from test_ops import scrape
+from test_store_waits import relay  # noqa: F401 (a fixture)
 
 STORE = {"statement_timeout": "1s"}
 # A short lease, and an upstream call that fits in it.
 LEASE = {"lease": "4s", "upstream_timeout": "1s"}
 HANG = 20.0
-
-
-@pytest.fixture
-def relay(pg):
-    r = PgRelay(pg.cluster.port)
-    yield r
-    r.release()
-    r.stop()
 
 
 def start(make_proxy, relay, pg, on_unknown="hold"):
