@@ -13,6 +13,7 @@
 #include "admin.h"
 #include "busy.h"
 #include "config.h"
+#include "contract.h"
 #include "fiber.h"
 #include "http_front.h"
 #include "log.h"
@@ -30,12 +31,9 @@
 #include "store_pg_schema.h"
 #include "tenant_upgrade.h"
 #include "upstream.h"
+#include "version.h"
 #include "waiters.h"
 #include "worker.h"
-
-#ifndef IDEMPROXY_VERSION
-#define IDEMPROXY_VERSION "0.1.0"
-#endif
 
 /* The configuration in force; SIGHUP swaps it. Requests hold a reference to
  * the one they started with. */
@@ -90,12 +88,15 @@ static void forget_cached(void *arg, const char *tenant,
 
 static void usage(FILE *out)
 {
-	fputs("usage: idemproxy -c FILE [--check | --migrate | --reencrypt "
-	      "[--batch N]]\n"
+	fputs("usage: idemproxy -c FILE [--check | --contract | --migrate |\n"
+	      "                      --reencrypt [--batch N]]\n"
 	      "       idemproxy --version | --help\n"
 	      "\n"
 	      "  -c, --config FILE  the conf file (libconfig syntax)\n"
 	      "      --check        validate FILE, print its routes, exit\n"
+	      "      --contract     print the OpenAPI 3.1 document of "
+	      "FILE's idempotency\n"
+	      "                     rules (doc/contract.md), exit\n"
 	      "      --migrate      apply missing database migrations, exit\n"
 	      "      --reencrypt    re-seal stored records under the active "
 	      "key, exit\n"
@@ -556,7 +557,7 @@ static int serve(config *cfg)
 /* What the command line asks for. */
 typedef struct cli {
 	const char *file;
-	bool check, migrate, reenc;
+	bool check, contract, migrate, reenc;
 	int batch;
 } cli;
 
@@ -567,6 +568,7 @@ static int parse_args(int argc, char **argv, cli *o)
 	static const struct option opts[] = {
 		{"config", required_argument, NULL, 'c'},
 		{"check", no_argument, NULL, 'k'},
+		{"contract", no_argument, NULL, 'o'},
 		{"migrate", no_argument, NULL, 'm'},
 		{"reencrypt", no_argument, NULL, 'r'},
 		{"batch", required_argument, NULL, 'b'},
@@ -584,6 +586,9 @@ static int parse_args(int argc, char **argv, cli *o)
 			break;
 		case 'k':
 			o->check = true;
+			break;
+		case 'o':
+			o->contract = true;
 			break;
 		case 'm':
 			o->migrate = true;
@@ -610,7 +615,8 @@ static int parse_args(int argc, char **argv, cli *o)
 			return 1;
 		}
 	}
-	if (!o->file || optind < argc || o->check + o->migrate + o->reenc > 1) {
+	if (!o->file || optind < argc ||
+	    o->check + o->contract + o->migrate + o->reenc > 1) {
 		usage(stderr);
 		return 1;
 	}
@@ -631,6 +637,19 @@ static int cmd_check(config *cfg, const char *file)
 	return 0;
 }
 
+/* --contract: the rules of the conf, from the conf alone. */
+static int cmd_contract(config *cfg)
+{
+	size_t len;
+	char *doc = contract_document(cfg, CONTRACT_OPENAPI, &len);
+	config_unref(cfg);
+	bool ok = fwrite(doc, 1, len, stdout) == len && fflush(stdout) == 0;
+	free(doc);
+	if (!ok)
+		fprintf(stderr, "idemproxy: --contract: cannot write\n");
+	return ok ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
 	cli o;
@@ -645,6 +664,8 @@ int main(int argc, char **argv)
 	}
 	if (o.check)
 		return cmd_check(cfg, o.file);
+	if (o.contract)
+		return cmd_contract(cfg);
 	if (o.migrate || o.reenc) {
 		rc = o.migrate ? cmd_migrate(cfg) : cmd_reencrypt(cfg, o.batch);
 		config_unref(cfg);
