@@ -22,6 +22,8 @@ typedef struct config {
 	char *listen;        /* "host:port" or "[v6]:port" */
 	char *admin_listen;  /* "" = disabled */
 	char *admin_token;   /* "" = /admin disabled */
+	char *contract_path; /* the contract on the public listener; "" = not
+				served there (contract.h) */
 	int workers;
 	int queue_size;      /* jobs waiting for a worker; full -> 503 overloaded */
 	int max_connections; /* front-end connection limit */

@@ -15,6 +15,7 @@ enum plan_action {
 	PLAN_REJECT,      /* answer with a problem; nothing is written */
 	PLAN_PASSTHROUGH, /* forward without protection */
 	PLAN_CLAIM,       /* claim the key, then forward / replay / refuse */
+	PLAN_CONTRACT,    /* answer with the contract (contract_path) */
 };
 
 #define PLAN_TENANT_MAX 255

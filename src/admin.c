@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "contract.h"
 #include "decide.h"
 #include "listen_addr.h"
 #include "log.h"
@@ -26,6 +27,8 @@
 #include "store_pg_schema.h"
 
 #define KEYS_PREFIX "/admin/keys/"
+#define CONTRACT_PATH "/admin/contract"
+#define CONTRACT_RULES_PATH "/admin/contract/rules"
 #define JSON_TYPE "application/json"
 
 struct admin {
@@ -490,6 +493,25 @@ static bool admin_gate(admin *a, struct MHD_Connection *conn,
 	return false;
 }
 
+/* The contract of the configuration in force (contract.h): it follows a
+ * reload like every other read of the configuration here. */
+static enum MHD_Result contract_get(admin *a, struct MHD_Connection *conn,
+				    const char *method, const char *path)
+{
+	if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+		return problem_with(conn, 405, "method_not_allowed", "use GET",
+				    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+	config *cfg = a->get_config(a->arg);
+	growbuf b = {0};
+	b.data = contract_document(
+		cfg,
+		strcmp(path, CONTRACT_PATH) ? CONTRACT_RULES : CONTRACT_OPENAPI,
+		&b.len);
+	b.cap = b.len + 1;
+	config_unref(cfg);
+	return reply(conn, 200, CONTRACT_MEDIA_TYPE, &b, NULL, NULL);
+}
+
 static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
 				   const char *method, const char *path)
 {
@@ -498,6 +520,8 @@ static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
 	enum MHD_Result answer = MHD_NO;
 	if (!admin_gate(a, conn, who, method, path, &answer))
 		return answer;
+	if (!strcmp(path, CONTRACT_PATH) || !strcmp(path, CONTRACT_RULES_PATH))
+		return contract_get(a, conn, method, path);
 	size_t plen = strlen(KEYS_PREFIX);
 	key_path k;
 	memset(&k, 0, sizeof k);

@@ -56,6 +56,10 @@ static const cfg_opt cfg_top[] = {
 	 .reload = CFG_RESTART},
 	{.name = "admin_token", .conv = cfg_conv_string, .def = "\"\"",
 	 .off = C_(admin_token), .reload = CFG_APPLY},
+	/* Checked against the routes once they are loaded
+	 * (cfg_check_contract_path). */
+	{.name = "contract_path", .conv = cfg_conv_string, .def = "\"\"",
+	 .off = C_(contract_path), .reload = CFG_APPLY},
 	{.name = "workers", .conv = cfg_conv_int, .def = "16", .min = 1,
 	 .max = 1024, .off = C_(workers), .reload = CFG_RESTART},
 	{.name = "queue_size", .conv = cfg_conv_int, .def = "1024", .min = 1,
@@ -494,6 +498,7 @@ static void cfg_free(config *c)
 	free(c->listen);
 	free(c->admin_listen);
 	free(c->admin_token);
+	free(c->contract_path);
 	free(c->db_url);
 	free(c->seal_keys_file);
 	seal_keyring_free(c->seal);
@@ -542,6 +547,47 @@ static int cfg_load_keys(cfg_ctx *x, config *c, const config_setting_t *root)
 			why);
 }
 
+/* Why p cannot be contract_path, or NULL. It is compared with paths in
+ * the form requests are routed in, so it must already be in that form. */
+static const char *cfg_contract_path_why(const char *p)
+{
+	size_t len = strlen(p), nlen;
+	if (p[0] != '/')
+		return "it must start with '/'";
+	if (strcspn(p, "?#") != len)
+		return "a path has no query or fragment";
+	char *norm = xmalloc(len + 1);
+	const char *why = NULL;
+	if (pathtpl_normalize(p, len, norm, &nlen, &why) == 0 &&
+	    (nlen != len || memcmp(norm, p, len) != 0))
+		why = "write it as requests are routed: no trailing '/', "
+		      "unreserved characters unescaped, escapes in upper case";
+	free(norm);
+	return why;
+}
+
+/* The contract is served at a path that no route can have: a request
+ * there would otherwise be two things. */
+static int cfg_check_contract_path(cfg_ctx *x, config *c,
+				   const config_setting_t *root)
+{
+	const char *p = c->contract_path;
+	if (!*p)
+		return 0;
+	const config_setting_t *s = cfg_member(root, "contract_path");
+	const char *why = cfg_contract_path_why(p);
+	if (why)
+		return cfg_fail(x, s, "contract_path: \"%s\": %s", p, why);
+	const route_cfg *r = route_match(c->routes, c->n_routes, p, strlen(p));
+	if (r)
+		return cfg_fail(x, s,
+				"contract_path: \"%s\" is a path of route "
+				"\"%s\" (line %d); choose a path no route "
+				"matches",
+				p, r->name, r->line);
+	return 0;
+}
+
 static int cfg_load_all(cfg_ctx *x, config *c, const config_setting_t *root)
 {
 	const config_setting_t *defaults = cfg_member(root, "defaults");
@@ -554,6 +600,7 @@ static int cfg_load_all(cfg_ctx *x, config *c, const config_setting_t *root)
 	    cfg_load_keys(x, c, root) < 0 ||
 	    cfg_check_defaults(x, defaults) < 0 ||
 	    cfg_load_routes(x, c, root, defaults) < 0 ||
+	    cfg_check_contract_path(x, c, root) < 0 ||
 	    cfg_env_overrides(x, c) < 0)
 		return -1;
 	if (*c->admin_listen && strcmp(c->admin_listen, c->listen) == 0)

@@ -253,9 +253,18 @@ void decide_plan(const config *cfg, const decide_request *rq,
 		reject(p, 400, "bad_request", "rejected", d);
 		return;
 	}
+	/* No route has this path (config_load checks). */
+	size_t clen = strlen(cfg->contract_path);
+	bool contract = clen && nlen == clen &&
+			memcmp(norm, cfg->contract_path, clen) == 0;
 	const route_cfg *r =
 		route_match(cfg->routes, cfg->n_routes, norm, nlen);
 	free(norm);
+	if (contract) {
+		p->action = PLAN_CONTRACT;
+		p->outcome = "contract";
+		return;
+	}
 	p->route = r;
 	if (!r) {
 		reject(p, 404, "route_not_found", "rejected",

@@ -1140,6 +1140,20 @@ static const request_plan *plan_job(job *j)
 	return j->plan;
 }
 
+/* The plans the event thread answers itself: a rejection, the contract. */
+static bool answer_from_plan(job *j, const request_plan *p)
+{
+	if (p->action != PLAN_REJECT && p->action != PLAN_CONTRACT)
+		return false;
+	j->outcome = p->outcome;
+	if (p->action == PLAN_REJECT)
+		reply_problem(j, p->status, p->code, p->detail, 0);
+	else
+		reply_contract(j);
+	reply_account(j);
+	return true;
+}
+
 bool proxy_fast_path(void *arg, job *j)
 {
 	const proxy_shared *sh = arg;
@@ -1148,12 +1162,8 @@ bool proxy_fast_path(void *arg, job *j)
 	if (j->body.len > FAST_PATH_MAX_BODY)
 		return false;
 	const request_plan *p = plan_job(j);
-	if (p->action == PLAN_REJECT) {
-		j->outcome = p->outcome;
-		reply_problem(j, p->status, p->code, p->detail, 0);
-		reply_account(j);
+	if (answer_from_plan(j, p))
 		return true;
-	}
 	/* Canonicalising a large JSON body would stall every connection on
 	 * the event thread: leave those to a worker. */
 	if (p->action != PLAN_CLAIM || !sh->cache ||
@@ -1212,6 +1222,10 @@ void proxy_worker_handle(void *ctx, void *item)
 	case PLAN_REJECT:
 		j->outcome = p->outcome;
 		reply_problem(j, p->status, p->code, p->detail, 0);
+		break;
+	case PLAN_CONTRACT:
+		j->outcome = p->outcome;
+		reply_contract(j);
 		break;
 	case PLAN_PASSTHROUGH:
 		j->outcome = "passthrough";

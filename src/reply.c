@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "contract.h"
 #include "log.h"
 #include "metrics.h"
 #include "problem.h"
@@ -23,6 +24,23 @@ void reply_problem(job *j, int status, const char *code, const char *detail,
 		header_list_add(&j->resp_headers, "Retry-After", 11, v,
 				(size_t)n);
 	}
+}
+
+void reply_contract(job *j)
+{
+	if (strcmp(j->method, "GET") && strcmp(j->method, "HEAD")) {
+		reply_problem(j, 405, "method_not_allowed", "use GET", 0);
+		header_list_add(&j->resp_headers, "Allow", 5, "GET, HEAD", 9);
+		return;
+	}
+	j->status = 200;
+	header_list_free(&j->resp_headers);
+	growbuf_free(&j->resp_body);
+	j->resp_body.data =
+		contract_document(j->cfg, CONTRACT_OPENAPI, &j->resp_body.len);
+	j->resp_body.cap = j->resp_body.len + 1;
+	header_list_add(&j->resp_headers, "Content-Type", 12,
+			CONTRACT_MEDIA_TYPE, strlen(CONTRACT_MEDIA_TYPE));
 }
 
 void reply_account(job *j)
