@@ -46,7 +46,8 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRCS))
 MIGRATIONS := $(sort $(wildcard sql/*.sql))
 
-.PHONY: all deps pkg-check run test unit integration check-busy-poll clean
+.PHONY: all deps pkg-check run test unit integration check-busy-poll clean \
+	contract-deps
 all: $(BUILD)/idemproxy
 
 deps:
@@ -97,7 +98,21 @@ unit: $(UNIT_BINS)
 $(BUILD)/store_check: tests/integration/store_check.c $(LIBOBJS)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -o $@ $< $(LIBOBJS) $(LDFLAGS) $(LDLIBS)
 
-integration: $(BUILD)/idemproxy $(BUILD)/store_check
+# The OpenAPI validator of the contract tests (tests/contract): the versions
+# its lock file pins, installed into the build directory, never globally.
+CONTRACT_NODE := $(BUILD)/contract-node
+contract-deps: $(CONTRACT_NODE)/node_modules/.installed
+$(CONTRACT_NODE)/node_modules/.installed: tests/contract/package.json \
+		tests/contract/package-lock.json | $(BUILD)
+	@command -v npm >/dev/null 2>&1 || { echo "npm is missing: run \
+	\`make deps\` (the Debian packages nodejs and npm)" >&2; exit 1; }
+	mkdir -p $(CONTRACT_NODE)
+	cp tests/contract/package.json tests/contract/package-lock.json \
+		$(CONTRACT_NODE)/
+	cd $(CONTRACT_NODE) && npm ci --no-audit --no-fund --ignore-scripts
+	touch $@
+
+integration: $(BUILD)/idemproxy $(BUILD)/store_check contract-deps
 	$(PYTHON) -m pytest -q -p no:cacheprovider tests/integration $(PYTEST_ARGS)
 
 # The suites whose waits busy polling changes (store, upstream, queue), run
