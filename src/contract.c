@@ -156,6 +156,9 @@ static const char *part_source(enum key_part_source s)
 static json_t *key_rule(const route_cfg *r)
 {
 	json_t *k = json_pack("{s:b}", "required", r->key_required);
+	if (!r->key_required)
+		put(k, "when_absent",
+		    json_string("forwarded without idempotency protection"));
 	if (r->key_from.bare) {
 		put(k, "source", json_string("header"));
 		put(k, "header", json_string("Idempotency-Key"));
@@ -238,9 +241,13 @@ static json_t *unknown_rule(const route_cfg *r)
 
 static json_t *store_rule(const config *cfg)
 {
+	/* Only an outage is forwarded: an error from a working store is
+	 * refused either way (proxy.c, store_down). */
 	if (cfg->db_unavailable_forward)
-		return json_pack("{s:s,s:s}", "mode", "forward", "effect",
-				 "forwarded without idempotency protection");
+		return json_pack("{s:s,s:s,s:s}", "mode", "forward", "outage",
+				 "forwarded without idempotency protection",
+				 "store_error",
+				 "503 idempotency_store_unavailable");
 	return json_pack("{s:s,s:i,s:s}", "mode", "reject", "status", 503,
 			 "code", "idempotency_store_unavailable");
 }
@@ -277,12 +284,15 @@ static json_t *route_rules(const config *cfg, const route_cfg *r)
 
 static json_t *summary(void)
 {
-	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:{s:i,s:s}}", "proxy",
+	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:{s:i,s:s},s:s}", "proxy",
 			 "idemproxy", "version", IDEMPROXY_VERSION,
 			 "specification", CONTRACT_DRAFT, "specification_url",
 			 "https://datatracker.ietf.org/doc/" CONTRACT_DRAFT "/",
 			 "durations", "milliseconds", "unmatched_paths",
-			 "status", 404, "code", "route_not_found");
+			 "status", 404, "code", "route_not_found",
+			 "other_methods",
+			 "a route's other methods are forwarded without "
+			 "idempotency protection");
 }
 
 /* ---- the OpenAPI document -------------------------------------------- */

@@ -126,6 +126,9 @@ def test_example_conf_is_valid_openapi_with_its_routes(validator, tmp_path):
     assert (key["name"], key["in"], key["required"]) == ("Idempotency-Key", "header", True)
     psp = doc["paths"]["/hooks/psp"]["post"]
     assert psp["parameters"] == []
+    assert psp["x-idempotency"]["store_unreachable"] == {
+        "mode": "reject", "status": 503, "code": "idempotency_store_unavailable"}
+    assert "when_absent" not in psp["x-idempotency"]["key"]
     assert psp["x-idempotency"]["key"]["parts"] == [{"in": "body", "pointer": "/event/id"}]
     bank = doc["paths"]["/hooks/bank"]["post"]
     assert [(p["name"], p["in"]) for p in bank["parameters"]] == [("X-Delivery-Id", "header")]
@@ -203,6 +206,7 @@ def test_every_feature_conf_is_valid_openapi_with_its_rules(validator, tmp_path)
     assert rules["in_flight"]["mode"] == "wait" and rules["in_flight"]["wait_max_ms"] == 5000
     assert rules["on_unknown"]["mode"] == "hold"
     assert rules["store_unreachable"]["mode"] == "forward"
+    assert rules["store_unreachable"]["store_error"] == "503 idempotency_store_unavailable"
     assert jwt["security"] == [{"idemproxy_jwt": []}]
     assert doc["components"]["securitySchemes"]["idemproxy_jwt"]["scheme"] == "bearer"
     p = problems_of(doc, jwt)
@@ -213,6 +217,7 @@ def test_every_feature_conf_is_valid_openapi_with_its_rules(validator, tmp_path)
     hooks = ops[("/hooks/{idemproxy_rest}", "CONNECT")]
     rules = hooks["x-idempotency"]
     assert rules["key"]["required"] is False
+    assert rules["key"]["when_absent"] == "forwarded without idempotency protection"
     assert rules["key"]["parts"] == [{"in": "header", "name": "X-Delivery-Id"},
                                      {"in": "query", "name": "attempt"},
                                      {"in": "body", "pointer": "/event/id"}]
