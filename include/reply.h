@@ -15,7 +15,7 @@ void reply_problem(job *j, int status, const char *code, const char *detail,
 		   int64_t retry_after_s);
 
 /* Fills j's response with the contract (contract.h) of its configuration:
- * 200 to GET and HEAD, 405 to other methods. */
+ * 200 to GET and HEAD, 405 (outcome "rejected") to other methods. */
 void reply_contract(job *j);
 
 /* Logs the request line and counts it; call once per request, last. */

@@ -29,6 +29,7 @@ void reply_problem(job *j, int status, const char *code, const char *detail,
 void reply_contract(job *j)
 {
 	if (strcmp(j->method, "GET") && strcmp(j->method, "HEAD")) {
+		j->outcome = "rejected";
 		reply_problem(j, 405, "method_not_allowed", "use GET", 0);
 		header_list_add(&j->resp_headers, "Allow", 5, "GET, HEAD", 9);
 		return;

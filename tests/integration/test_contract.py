@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from conftest import ADMIN_TOKEN, ROOT, run_binary
-from helpers import assert_problem, render_conf, wait_until
+from helpers import assert_problem, log_entries, render_conf, wait_until
 
 EXAMPLE = os.path.join(ROOT, "conf", "idemproxy.conf")
 NODE_DIR = os.path.join(ROOT, "build", "contract-node")
@@ -333,9 +333,14 @@ def test_the_listeners_serve_the_contract_in_force(make_proxy, stub, pg, validat
     assert pub.text == printed
     rc, out = validator(pub.text, tmp_path)
     assert rc == 0, out
+    head = requests.head(proxy.url + "/openapi.json", timeout=10)
+    assert head.status_code == 200 and head.content == b""
     post = proxy.post("/openapi.json", key="k-contract", json={})
     assert_problem(post, 405, "method_not_allowed")
     assert post.headers["Allow"] == "GET, HEAD"
+    served = [e for e in log_entries(proxy) if e.get("path") == "/openapi.json"]
+    assert [(e["status"], e["outcome"]) for e in served] == \
+        [(200, "contract"), (200, "contract"), (405, "rejected")]
     assert stub.count() == 0 and pg.records() == []
 
     reload_with(proxy, ttl="3h")
