@@ -63,6 +63,25 @@ def test_expose_headers_merged_on_first_answer_and_replay(proxy, stub):
     assert stub.count(key=key, method="POST") == 1
 
 
+@pytest.mark.no_replay_cache
+def test_record_keeps_the_upstreams_cors_headers_and_replays_them_merged(proxy, stub, pg):
+    """From the store (no replay cache): the record holds the upstream's
+    CORS headers as the upstream sent them, whatever replay_headers says;
+    the proxy's names are merged when the replay is sent."""
+    origin = "https://shop.example"
+    stub.configure(*cors_rules(origin, expose="Location"))
+    key = new_key()
+    proxy.post(PAY, key=key, json={"amount": 3}, headers={"Origin": origin})
+    stored = bytes(pg.record(key)["response_headers"]).decode("latin-1")
+    assert "Access-Control-Allow-Origin: %s\r\n" % origin in stored
+    assert "Access-Control-Expose-Headers: Location\r\n" in stored
+    replay = proxy.post(PAY, key=key, json={"amount": 3}, headers={"Origin": origin})
+    assert is_replay(replay)
+    assert replay.headers["Access-Control-Allow-Origin"] == origin
+    assert names(replay.headers[EXPOSE]) == ["Location"] + OWN
+    assert stub.count(key=key, method="POST") == 1
+
+
 def test_credentialed_wildcard_gets_names_listed(proxy, stub):
     """Fetch: "*" in Access-Control-Expose-Headers is no wildcard for a
     credentialed request; with Access-Control-Allow-Credentials the proxy
