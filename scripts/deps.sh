@@ -14,4 +14,5 @@ exec "$(dirname "$0")/apt-install.sh" \
 	postgresql postgresql-contrib \
 	python3 python3-pytest python3-psycopg python3-requests python3-yaml python3-jwt python3-cryptography curl procps \
 	clang libclang-rt-14-dev clang-format prometheus systemd \
-	iproute2 nftables faketime nodejs $npm_pkg
+	iproute2 nftables faketime nodejs $npm_pkg \
+	chromium chromium-driver python3-selenium

@@ -298,8 +298,22 @@ int64_t decide_retry_after_s(int64_t ms)
 	return s < 1 ? 1 : s;
 }
 
+/* A replay without the upstream's CORS headers is unreadable to the
+ * browser that retried (fetch fails as a network error), so they go with
+ * the record whatever replay_headers says. An Access-Control-Allow-Origin
+ * that echoed the first request's origin stays that origin's: a retry from
+ * another origin cannot read the replay. */
+static bool is_cors_header(const char *name)
+{
+	return str_caseeq(name, "Access-Control-Allow-Origin") ||
+	       str_caseeq(name, "Access-Control-Allow-Credentials") ||
+	       str_caseeq(name, "Access-Control-Expose-Headers");
+}
+
 static bool is_replay_header(const route_cfg *r, const char *name)
 {
+	if (is_cors_header(name))
+		return true;
 	for (size_t i = 0; i < r->replay_headers.n; i++)
 		if (str_caseeq(name, r->replay_headers.v[i]))
 			return true;

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cors.h"
 #include "fiber.h"
 #include "http_head.h"
 #include "listen_addr.h"
@@ -294,6 +295,11 @@ static enum MHD_Result send_job_response(struct MHD_Connection *conn,
 		return MHD_NO;
 	j->resp_body.data = NULL; /* now MHD's */
 	j->resp_body.len = j->resp_body.cap = 0;
+	/* Here, the one place every answer passes, and not in the record: a
+	 * replay of a record stored before (or by another version) gets the
+	 * same list as a first answer, and the record keeps the upstream's
+	 * own headers. */
+	cors_expose_own(j->method, &j->req_headers, &j->resp_headers);
 	for (size_t i = 0; i < j->resp_headers.n; i++) {
 		const http_header *h = &j->resp_headers.v[i];
 		/* MHD refuses headers it manages itself; that is fine. */

@@ -98,3 +98,45 @@ def test_the_checker_finds_broken_links(tmp_path):
     assert [b.rsplit(": ", 1)[1] for b in bad] == [
         "#nowhere (no such anchor)", "c.md (no such file)",
         "b.md#c (no such anchor)"], bad
+
+
+TEST_REF = re.compile(r"\b(test_\w+\.py)(?:::(test_\w+))?")
+
+
+def missing_tests(page, tests_root):
+    """Every test reference in page (`file::test`, or a file alone) that
+    names no file under tests_root, or no function of that file."""
+    files = {}
+    for path in glob.glob(os.path.join(tests_root, "**", "test_*.py"), recursive=True):
+        files.setdefault(os.path.basename(path), path)
+    bad = []
+    with open(page, encoding="utf-8") as f:
+        text = f.read()
+    for name, func in TEST_REF.findall(text):
+        ref = name + ("::" + func if func else "")
+        if name not in files:
+            bad.append(ref + " (no such file)")
+            continue
+        if func:
+            with open(files[name], encoding="utf-8") as f:
+                if not re.search(r"^def %s\(" % re.escape(func), f.read(), re.M):
+                    bad.append(ref + " (no such test)")
+    return bad
+
+
+def test_conformance_table_names_existing_tests():
+    page = os.path.join(ROOT, "doc", "conformance.md")
+    with open(page, encoding="utf-8") as f:
+        assert len(TEST_REF.findall(f.read())) > 20
+    assert missing_tests(page, os.path.join(ROOT, "tests")) == []
+
+
+def test_the_test_reference_checker_finds_missing_tests(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_one():\n    pass\n")
+    page = tmp_path / "page.md"
+    page.write_text("| x | test_a.py::test_one, test_a.py::test_two |\n"
+                    "| y | test_a.py | test_b.py | test_b.py::test_one |\n")
+    assert missing_tests(str(page), str(tmp_path / "tests")) == [
+        "test_a.py::test_two (no such test)", "test_b.py (no such file)",
+        "test_b.py::test_one (no such file)"]

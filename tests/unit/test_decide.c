@@ -272,6 +272,37 @@ static void test_issuer_escape(void **state)
 	assert_int_equal(pct_escape("x:y", NULL, 0), 5);
 }
 
+/* The upstream's CORS headers go with the record whatever replay_headers
+ * says: a replay without them is unreadable to the browser that retried. */
+static void test_cors_headers_stored(void **state)
+{
+	(void)state;
+	request_plan p;
+	plan(&p, "/v1/payments", "Idempotency-Key", "k1", NULL);
+	assert_non_null(p.route);
+	header_list h = {0};
+	const char *pairs[][2] = {
+		{"Access-Control-Allow-Origin", "https://shop.example"},
+		{"access-control-allow-credentials", "true"},
+		{"Access-Control-Expose-Headers", "X-Charge-Id"},
+		{"Access-Control-Max-Age", "600"},
+		{"X-Internal", "secret"},
+	};
+	for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
+		header_list_add(&h, pairs[i][0], strlen(pairs[i][0]),
+				pairs[i][1], strlen(pairs[i][1]));
+	growbuf out = {0};
+	decide_encode_replay_headers(p.route, &h, &out);
+	growbuf_puts(&out, "");
+	assert_string_equal(
+		out.data,
+		"Access-Control-Allow-Origin: https://shop.example\r\n"
+		"access-control-allow-credentials: true\r\n"
+		"Access-Control-Expose-Headers: X-Charge-Id\r\n");
+	growbuf_free(&out);
+	header_list_free(&h);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -283,6 +314,7 @@ int main(void)
 		cmocka_unit_test(test_authorization_tenant),
 		cmocka_unit_test(test_tenants_name_their_source),
 		cmocka_unit_test(test_prefer_wait),
+		cmocka_unit_test(test_cors_headers_stored),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
