@@ -10,7 +10,11 @@
  * queue is full (systemd busy) would stop the thread that sends. The loop
  * only shows it is alive, by its heartbeat (fiber_sched_lag_ms); WATCHDOG=1
  * is sent only while that heartbeat is on time, so a frozen loop stops the
- * keep-alives and systemd restarts the process. */
+ * keep-alives and systemd restarts the process. That one loop runs the
+ * front end, every worker fiber and the batch lanes: its heartbeat is the
+ * liveness of everything that serves clients. The main thread's own
+ * messages (ready, reload, stop) may wait on a full queue; it serves no
+ * client. */
 #ifndef IDEMPROXY_SERVICE_H
 #define IDEMPROXY_SERVICE_H
 

@@ -213,7 +213,8 @@ def test_watchdog_keepalives_stop_while_the_serving_loop_is_frozen(make_proxy, b
     notify.wait_for("WATCHDOG", "1", since=i + 1)
     assert "watchdog_keepalive_ms=500" in proxy.log()
     with freeze_thread(proxy.proc.pid, "ip-serve"):
-        stalled = notify.wait_for("STATUS", re.compile(r".* loop=stalled"), since=ready,
+        frozen = notify.count()
+        stalled = notify.wait_for("STATUS", re.compile(r".* loop=stalled"), since=frozen,
                                   what="the notifier to see the frozen loop")
         # Two keep-alive periods of a frozen loop: none comes.
         time.sleep(2 * WATCHDOG_USEC / 2 / 1e6)
