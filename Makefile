@@ -1,7 +1,7 @@
 # idemproxy — see README.md. `make` builds, `make test` tests, `make run` demos.
 
 CC      ?= cc
-PKGS    := libmicrohttpd libcurl libpq jansson libcrypto libconfig zlib jose
+PKGS    := libmicrohttpd libcurl libpq jansson libcrypto libconfig zlib jose libsystemd
 # The Debian package that installs each one's .pc file (`make deps` installs
 # them all); pkg-check names the missing ones before a compiler would fail.
 DEB_libmicrohttpd := libmicrohttpd-dev
@@ -12,6 +12,7 @@ DEB_libcrypto     := libssl-dev
 DEB_libconfig     := libconfig-dev
 DEB_zlib          := zlib1g-dev
 DEB_jose          := libjose-dev
+DEB_libsystemd    := libsystemd-dev
 OPT     ?= -O2 -g
 CFLAGS  ?= $(OPT)
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \

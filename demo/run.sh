@@ -4,6 +4,9 @@
 # migrated, then idemproxy in the foreground with conf/idemproxy.conf.
 # Ctrl-C stops all three. State lives in .run/ (`make clean` removes it).
 #
+# `demo/run.sh --curl` only prints the walk-through (a curl command for
+# every route of the conf) and exits.
+#
 # Environment: IDEMPROXY_CONF (default conf/idemproxy.conf), PGPORT (default
 # 55432), IDEMPROXY_LISTEN (as for idemproxy itself).
 set -euo pipefail
@@ -119,8 +122,9 @@ start_upstream() {
 }
 
 banner() {
-	local p=$1 admin=$2 up=$3 db=$4 k json
-	k=order-$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
+	local p=$1 admin=$2 up=$3 db=$4 k n json
+	n=$(od -An -N3 -tx1 /dev/urandom | tr -d ' \n')
+	k=order-$n
 	json="-H 'Content-Type: application/json'"
 	cat <<EOF
 
@@ -162,7 +166,24 @@ the payments API really executed: a replayed retry adds none.
 8. A GET needs no key and passes straight through:
    curl -i $p/v1/payments
 
-9. What the upstream executed, per key:   curl -s $up/__demo/stats
+9. Refund part of that payment (run step 7's PAY= line first); a retry is a
+   replay, not a second refund:
+   curl -i $p/v1/refunds -H "Idempotency-Key: refund-\$PAY" $json -d "{\\"payment\\": \\"\$PAY\\", \\"amount\\": 500}"
+
+10. A PSP's webhook carries no Idempotency-Key: the route keys it by the event
+    id in its body (key_from = ["body:/event/id"]). Send it twice: one
+    "upstream|" line, then a replay.
+   curl -i $p/hooks/psp $json -d '{"event": {"id": "evt_$n", "type": "payment.succeeded"}}'
+
+11. A bank's webhook is keyed by its X-Delivery-Id header instead:
+   curl -i $p/hooks/bank -H 'X-Delivery-Id: dlv-$n' $json -d '{"status": "settled"}'
+
+12. An order's transition is keyed by order and status from the body, and
+    "sent_at" is left out of the fingerprint: resent with another sent_at,
+    it is a replay, not a 409.
+   curl -i $p/v1/orders/ord_$n/transitions $json -d '{"order_id": "ord_$n", "status": "shipped", "sent_at": "2026-01-01T10:00:00Z"}'
+
+13. What the upstream executed, per key and per path:   curl -s $up/__demo/stats
 EOF
 	if [ -n "$admin" ]; then
 		echo "   The proxy's counters:  curl -s $admin/metrics | grep '^idemproxy_requests_total'"
@@ -193,6 +214,13 @@ main() {
 	esac
 	up_port=${upstream#http://*:}
 	up_port=${up_port%%/*}
+	proxy_url=$(local_url "$listen")
+	[ -z "$admin" ] || admin_url=$(local_url "$admin")
+	if [ "${1:-}" = "--curl" ]; then
+		banner "$proxy_url" "$admin_url" "http://127.0.0.1:$up_port" \
+			"${IDEMPROXY_DATABASE_URL:-(started by demo/run.sh)}"
+		return 0
+	fi
 
 	BUSY=0
 	require_free "${listen##*:}" "idemproxy listen"
@@ -215,8 +243,6 @@ main() {
 	note "migrating $db_url"
 	"$BIN" -c "$CONF" --migrate || die "idemproxy --migrate failed"
 
-	proxy_url=$(local_url "$listen")
-	[ -z "$admin" ] || admin_url=$(local_url "$admin")
 	echo
 	"$BIN" -c "$CONF" --check
 	banner "$proxy_url" "$admin_url" "http://127.0.0.1:$up_port" "$db_url"

@@ -13,6 +13,9 @@ Endpoints:
     GET  /v1/payments/{id}          -> 200 or 404
     POST /v1/payments/{id}/capture  -> 200 (400 when already captured)
     POST /v1/refunds                {"payment": "pay_...", "amount": 500} -> 201
+    POST /hooks/psp                 a PSP's event {"event": {"id": "evt_...", ...}} -> 200
+    POST /hooks/bank                a bank's notice, X-Delivery-Id header -> 200
+    POST /v1/orders/{id}/transitions {"order_id": id, "status": "shipped"} -> 201
     GET  /__demo/stats              counters of what was executed (not proxied)
 
 A request header `Slow: <seconds>` (at most 10) delays the answer, to show a
@@ -43,6 +46,7 @@ KEEPALIVE_IDLE = float(os.environ.get("DEMO_UPSTREAM_KEEPALIVE", "75"))
 
 PAYMENT_ID = re.compile(r"^/v1/payments/([A-Za-z0-9_]+)$")
 CAPTURE = re.compile(r"^/v1/payments/([A-Za-z0-9_]+)/capture$")
+TRANSITIONS = re.compile(r"^/v1/orders/([A-Za-z0-9_-]+)/transitions$")
 
 
 class Store:
@@ -53,17 +57,20 @@ class Store:
         self.payments = {}
         self.order = []
         self.refunds = {}
+        self.orders = {}
         self.stats = {"requests": 0, "charges": 0, "declines": 0,
-                      "captures": 0, "refunds": 0, "by_key": {}}
+                      "captures": 0, "refunds": 0, "events": 0, "transitions": 0,
+                      "by_key": {}, "by_path": {}}
 
-    def count(self, what, key):
+    def count(self, what, key, path):
         with self.lock:
             self.stats["requests"] += 1
             if what:
                 self.stats[what] += 1
-            if key is not None:
-                by_key = self.stats["by_key"]
-                by_key[key] = by_key.get(key, 0) + 1
+            for table, name in (("by_key", key), ("by_path", path)):
+                if name is not None:
+                    counts = self.stats[table]
+                    counts[name] = counts.get(name, 0) + 1
 
     def snapshot(self):
         with self.lock:
@@ -184,6 +191,40 @@ def create_refund(params):
     return 201, refund
 
 
+def receive_event(params):
+    """A PSP's webhook: the event's id is what the proxy keys it by."""
+    event = params.get("event")
+    eid = event.get("id") if isinstance(event, dict) else None
+    if not isinstance(eid, str) or not eid:
+        return invalid("parameter_missing", "Missing required param: event.id.", "event.id")
+    return 200, {"object": "event_receipt", "received": True, "event": eid,
+                 "type": event.get("type")}
+
+
+def receive_notice(delivery, params):
+    """A bank's webhook: the X-Delivery-Id header is what the proxy keys it by."""
+    if not delivery:
+        return invalid("header_missing", "Missing required header: X-Delivery-Id.")
+    return 200, {"object": "notice_receipt", "received": True, "delivery": delivery,
+                 "status": params.get("status")}
+
+
+def transition_order(oid, params):
+    """A state change of an order: the proxy keys it by order and status."""
+    status = params.get("status")
+    if params.get("order_id") != oid:
+        return invalid("parameter_invalid", "order_id must be the order of the URL (%s)." % oid,
+                       "order_id")
+    if not isinstance(status, str) or not status:
+        return invalid("parameter_missing", "Missing required param: status.", "status")
+    with STORE.lock:
+        history = STORE.orders.setdefault(oid, [])
+        history.append(status)
+        trail = list(history)
+    return 201, {"id": new_id("tr"), "object": "order_transition", "order": oid,
+                 "status": status, "history": trail}
+
+
 def list_payments():
     with STORE.lock:
         data = [STORE.payments[p] for p in reversed(STORE.order)]
@@ -218,7 +259,8 @@ class Handler(BaseHTTPRequestHandler):
             status, body = list_payments()
         elif PAYMENT_ID.match(path):
             status, body = get_payment(PAYMENT_ID.match(path).group(1))
-        elif path in ("/v1/refunds",) or CAPTURE.match(path):
+        elif (path in ("/v1/refunds", "/hooks/psp", "/hooks/bank") or CAPTURE.match(path)
+              or TRANSITIONS.match(path)):
             return self.not_allowed("POST")
         else:
             status, body = self.not_found(path)
@@ -245,6 +287,15 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/v1/refunds":
             status, body = create_refund(params)
             counter = "refunds" if status == 201 else None
+        elif path == "/hooks/psp":
+            status, body = receive_event(params)
+            counter = "events" if status == 200 else None
+        elif path == "/hooks/bank":
+            status, body = receive_notice(self.headers.get("X-Delivery-Id"), params)
+            counter = "events" if status == 200 else None
+        elif TRANSITIONS.match(path):
+            status, body = transition_order(TRANSITIONS.match(path).group(1), params)
+            counter = "transitions" if status == 201 else None
         elif PAYMENT_ID.match(path):
             return self.not_allowed("GET")
         else:
@@ -342,7 +393,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def executed(self, counter, status, body):
         key = self.headers.get("Idempotency-Key")
-        STORE.count(counter, key)
+        STORE.count(counter, key, urlsplit(self.path).path)
         oid = body.get("id") or body.get("object")
         if "error" in body:
             oid = body["error"].get("code")

@@ -17,7 +17,7 @@ BUILD=${BUILD:-$SRC/build}
 install_deps() {
 	"$SRC/scripts/apt-install.sh" build-essential pkg-config xxd \
 		libmicrohttpd-dev libcurl4-openssl-dev libpq-dev libjansson-dev \
-		libssl-dev libconfig-dev libjose-dev libjemalloc-dev
+		libssl-dev libconfig-dev libjose-dev libjemalloc-dev libsystemd-dev
 }
 
 install_deps

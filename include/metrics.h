@@ -29,6 +29,10 @@ void metrics_observe_store_ms(double ms);
 void metrics_observe_upstream_ms(double ms);
 void metrics_set_processing(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
+/* What idemproxy_store_up shows: the last store call succeeded. */
+bool metrics_store_is_up(void);
+/* Requests answered since start (the sum of idemproxy_requests_total). */
+uint64_t metrics_requests_answered(void);
 /* This process's wall clock minus the database's (NaN until first
  * set). */
 void metrics_set_clock_offset(double offset_s);

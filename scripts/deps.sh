@@ -10,7 +10,7 @@ npm_pkg=npm
 # shellcheck disable=SC2086 # a list of package names
 exec "$(dirname "$0")/apt-install.sh" \
 	build-essential pkg-config xxd libmicrohttpd-dev libcurl4-openssl-dev \
-	libpq-dev libjansson-dev libssl-dev libconfig-dev libcmocka-dev zlib1g-dev libjose-dev libjemalloc-dev \
+	libpq-dev libjansson-dev libssl-dev libconfig-dev libcmocka-dev zlib1g-dev libjose-dev libjemalloc-dev libsystemd-dev \
 	postgresql postgresql-contrib \
 	python3 python3-pytest python3-psycopg python3-requests python3-yaml python3-jwt python3-cryptography curl procps \
 	clang libclang-rt-14-dev clang-format prometheus systemd \

@@ -181,12 +181,31 @@ int cfg_conv_tenant(const cfg_opt *o, const config_setting_t *s, void *base,
 	return 0;
 }
 
+/* key_from's parts: a list, or one part as a string (the common case of a
+ * key in one header, key_from = "header:PayPal-Request-Id"). */
+static int key_from_strings(const config_setting_t *s, str_list *l, char *why,
+			    size_t whylen)
+{
+	const char *one = config_setting_get_string(s);
+	if (one) {
+		*l = (str_list){xcalloc(2, sizeof(char *)), 1};
+		l->v[0] = xstrdup(one);
+		return 0;
+	}
+	if (!cfg_is_seq(s))
+		return cfg_why(why, whylen,
+			       "must be a list of key parts or one key part "
+			       "string, not %s",
+			       cfg_type_name(s));
+	return cfg_strings(s, l, "key part", cfg_any_string, why, whylen);
+}
+
 /* key_from: where the key comes from, in order. */
 int cfg_conv_key_from(const cfg_opt *o, const config_setting_t *s, void *base,
 		      char *why, size_t whylen)
 {
 	str_list l;
-	if (cfg_strings(s, &l, "key part", cfg_any_string, why, whylen) < 0)
+	if (key_from_strings(s, &l, why, whylen) < 0)
 		return -1;
 	key_from_cfg kp = {0};
 	int rc = l.n ? 0

@@ -26,6 +26,7 @@
 #include "reencrypt.h"
 #include "record_retry.h"
 #include "replay_cache.h"
+#include "service.h"
 #include "store_batch.h"
 #include "store_pg.h"
 #include "store_pg_schema.h"
@@ -242,14 +243,14 @@ static void warn_new_active_key(const config *old, const config *n)
 		 "sealing_key=%s", id);
 }
 
-static void reload(const char *file)
+static bool reload(const char *file)
 {
 	char err[1024];
 	config *n = config_load(file, err, sizeof err);
 	if (!n) {
 		log_error("reload failed; keeping the old configuration", "%s",
 			  err);
-		return;
+		return false;
 	}
 	pthread_mutex_lock(&cfg_mu);
 	config *old = cfg_current;
@@ -267,6 +268,7 @@ static void reload(const char *file)
 		 file, n->n_routes,
 		 n->seal ? seal_keyring_active(n->seal) : "off");
 	config_unref(old);
+	return true;
 }
 
 static double read_loop_lag_s(void *loop)
@@ -308,6 +310,7 @@ typedef struct parts {
 	notify_listen *nl;
 	reaper *rp;
 	metrics_reading *loop_lag;
+	service *svc; /* NULL unless systemd gave a NOTIFY_SOCKET */
 } parts;
 
 /* What the process needs before any thread starts: the schema, libcurl,
@@ -318,6 +321,9 @@ static int prepare_process(config *cfg, wake_key *wk, sigset_t *set)
 		config_unref(cfg);
 		return -1;
 	}
+	/* The schema check was a store call that succeeded: an idle instance
+	 * must not show a store it has not lost as down. */
+	metrics_set_store_up(true);
 	json_object_seed(0);
 	signal(SIGPIPE, SIG_IGN);
 	/* Every thread inherits this mask; only the main thread takes the
@@ -453,8 +459,43 @@ static void start_background(parts *p, const config *cfg)
 		 cfg->seal ? seal_keyring_active(cfg->seal) : "off");
 }
 
+/* The counts of the STATUS= line systemd shows. */
+static void service_counts(void *arg, char *buf, size_t len)
+{
+	parts *p = arg;
+	snprintf(buf, len, "requests=%llu in_flight=%d store=%s",
+		 (unsigned long long)metrics_requests_answered(),
+		 http_front_in_flight(p->front),
+		 metrics_store_is_up() ? "up" : "down");
+}
+
+static double service_loop_lag_ms(void *arg)
+{
+	parts *p = arg;
+	return fiber_sched_lag_ms(p->loop);
+}
+
+static void loop_came_round(void *arg)
+{
+}
+
+/* Tells systemd the process serves: the listeners accept (the loop that
+ * runs them has come round once since they were set up) and the store
+ * answered (check_schema, before anything started). */
+static void notify_ready(parts *p)
+{
+	static service_ops ops;
+	ops = (service_ops){service_counts, service_loop_lag_ms, p};
+	p->svc = service_start(&ops);
+	if (!p->svc)
+		return;
+	fiber_sched_call(p->loop, loop_came_round, NULL);
+	service_ready(p->svc);
+}
+
 /* Reloads at each SIGHUP; returns the signal that stops the process. */
-static int wait_for_stop(const sigset_t *set, const char *cfg_file)
+static int wait_for_stop(const sigset_t *set, const char *cfg_file,
+			 service *svc)
 {
 	/* The first reload frees the conf: keep the path. */
 	char *file = xstrdup(cfg_file);
@@ -463,7 +504,8 @@ static int wait_for_stop(const sigset_t *set, const char *cfg_file)
 		if (sigwait(set, &sig))
 			continue;
 		if (sig == SIGHUP) {
-			reload(file);
+			service_reloading(svc);
+			service_reloaded(svc, reload(file));
 			continue;
 		}
 		break;
@@ -477,6 +519,7 @@ static int wait_for_stop(const sigset_t *set, const char *cfg_file)
 static void stop_all(parts *p, int sig)
 {
 	int64_t grace = cfg_current->shutdown_grace_ms;
+	service_stopping(p->svc);
 	log_info("shutting down", "signal=%d in_flight=%d grace_ms=%lld", sig,
 		 http_front_in_flight(p->front), (long long)grace);
 	/* Waiting duplicates are answered first: their connections are
@@ -492,6 +535,8 @@ static void stop_all(parts *p, int sig)
 		log_flush(); /* _exit runs no atexit handler */
 		_exit(0);
 	}
+	/* It reads the front end and the loop: both stop next. */
+	service_stop(p->svc);
 	http_front_stop(p->front);
 	metrics_reading_unbind(p->loop_lag);
 	admin_stop(p->adm);
@@ -541,7 +586,8 @@ static int serve(config *cfg)
 	if (start_admin(&p, cfg) || start_serving(&p, cfg))
 		return serve_failed(&p, cfg);
 	start_background(&p, cfg);
-	int sig = wait_for_stop(&set, cfg->file);
+	notify_ready(&p);
+	int sig = wait_for_stop(&set, cfg->file, p.svc);
 	stop_all(&p, sig);
 	log_info("stopped", NULL);
 	log_flush();

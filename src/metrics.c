@@ -304,9 +304,19 @@ void metrics_store_batch(const char *kind, int n)
 	count_n(F_BATCHED, kind, NULL, (uint64_t)n);
 }
 
+/* Every request answered, whatever its route and outcome: the STATUS=
+ * line reads it without the lock. */
+static atomic_ullong g_answered;
+
 void metrics_request(const char *route, const char *outcome)
 {
 	count(F_REQUESTS, route, outcome);
+	atomic_fetch_add_explicit(&g_answered, 1, memory_order_relaxed);
+}
+
+uint64_t metrics_requests_answered(void)
+{
+	return atomic_load_explicit(&g_answered, memory_order_relaxed);
 }
 
 void metrics_upstream_response(const char *route, int status)
@@ -421,6 +431,14 @@ void metrics_set_store_up(bool up)
 	pthread_mutex_lock(&mu);
 	g_store_up = up ? 1 : 0;
 	pthread_mutex_unlock(&mu);
+}
+
+bool metrics_store_is_up(void)
+{
+	pthread_mutex_lock(&mu);
+	bool up = g_store_up != 0;
+	pthread_mutex_unlock(&mu);
+	return up;
 }
 
 void metrics_set_store_durability(int standbys, bool counted,

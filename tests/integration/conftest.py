@@ -461,6 +461,10 @@ def make_proxy(request, binary, stub, pg, tmp_path):  # stub first: it starts wh
         run_env = dict(os.environ)
         run_env.pop("IDEMPROXY_DATABASE_URL", None)
         run_env.pop("IDEMPROXY_LISTEN", None)
+        # A test runner started by systemd must not have its proxies talk
+        # to that systemd (test_sd_notify.py gives them a socket of its own).
+        for name in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
+            run_env.pop(name, None)
         run_env.update(env or {})
         p = Proxy(conf_path, os.path.join(str(tmp_path), "idemproxy-%d.log" % n), port,
                   admin_port, run_env, binary)

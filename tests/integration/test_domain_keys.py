@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from conftest import run_binary
 from helpers import assert_problem, is_replay, new_key, raw_request
 
 JSON = {"Content-Type": "application/json"}
@@ -237,3 +238,32 @@ def test_the_replay_cache_never_answers_for_other_key_parts(make_proxy, stub, pg
     assert a1.content != b1.content
     assert [json.loads(s.body)["status"] for s in stub.requests(prefix=path)] == \
         ["paid", "shipped"]
+
+
+def test_key_from_may_be_one_part_written_as_a_string(make_proxy, stub, pg):
+    """key_from = "header:PayPal-Request-Id" is the list of that one part
+    (PayPal's own header, as a client of a PayPal-like API sends it)."""
+    p = make_proxy(routes=[{"name": "paypal_orders", "path": "/v2/orders",
+                            "upstream": stub.url,
+                            "key_from": "header:PayPal-Request-Id"}])
+    rid = new_key("pp")
+    first = post(p, "/v2/orders", {"n": 1}, {"PayPal-Request-Id": rid})
+    again = post(p, "/v2/orders", {"n": 1}, {"PayPal-Request-Id": rid})
+    assert first.status_code == 201 and not is_replay(first)
+    assert is_replay(again) and again.content == first.content
+    seen = stub.requests(prefix="/v2/orders")
+    assert [s.header("PayPal-Request-Id") for s in seen] == [rid]
+    rec = pg.record("%d:%s," % (len(rid), rid))
+    assert rec["operation"] == "paypal_orders" and rec["state"] == "completed"
+    # Without the header the key is missing: nothing reaches the upstream.
+    assert_problem(post(p, "/v2/orders", {"n": 1}), 400, "idempotency_key_missing")
+    assert stub.count(prefix="/v2/orders") == 1
+
+
+def test_a_bad_single_key_from_string_is_refused_by_name(make_proxy):
+    p = make_proxy(routes=[{"name": "paypal_orders", "path": "/v2/orders",
+                            "key_from": "cookie:PayPal-Request-Id"}],
+                   migrate=False, start=False)
+    r = run_binary(["-c", p.conf_path, "--check"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert 'key_from: "cookie:PayPal-Request-Id" must be "header:NAME"' in r.stderr, r.stderr

@@ -599,7 +599,30 @@ static void test_error_key_from(void **state)
 			   "'~' must be followed by 0 or 1");
 	assert_route_error("key_from = [\"header:X\", \"header:x\"];", 4,
 			   "\"header:x\" is listed twice");
-	assert_route_error("key_from = \"header:X\";", 4, "must be a list");
+	/* One part may be a string; it is checked as a list's element is. */
+	assert_route_error("key_from = \"cookie:sid\";", 4,
+			   "key_from: \"cookie:sid\" must be \"header:NAME\"");
+	assert_route_error("key_from = \"\";", 4, "key_from: \"\" must be");
+	assert_route_error("key_from = 5;", 4,
+			   "key_from: must be a list of key parts or one key "
+			   "part string, not an integer");
+}
+
+/* key_from = "header:NAME" is the list of that one part. */
+static void test_key_from_one_string(void **state)
+{
+	(void)state;
+	config *c = load_text("routes = (\n  { name = \"r\"; path = \"/r\";\n"
+			      "    upstream = \"http://h\";\n"
+			      "    key_from = \"header:PayPal-Request-Id\"; }\n"
+			      ");\n");
+	assert_non_null(c);
+	const key_from_cfg *kp = &c->routes[0].key_from;
+	assert_int_equal(kp->n, 1);
+	assert_int_equal(kp->v[0].source, KP_HEADER);
+	assert_string_equal(kp->v[0].name, "PayPal-Request-Id");
+	assert_false(kp->bare);
+	config_unref(c);
 }
 
 static void test_error_fingerprint_pointers(void **state)
@@ -1120,6 +1143,7 @@ int main(void)
 		T(test_error_path_template),
 		T(test_error_tenant),
 		T(test_error_key_from),
+		T(test_key_from_one_string),
 		T(test_error_fingerprint_pointers),
 		T(test_error_jwt),
 		T(test_jwt_tenant_loads),
