@@ -46,7 +46,7 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRCS))
 MIGRATIONS := $(sort $(wildcard sql/*.sql))
 
-.PHONY: all deps pkg-check run test unit integration check-busy-poll clean
+.PHONY: all deps pkg-check run test unit integration check-busy-poll clean FORCE
 all: $(BUILD)/idemproxy
 
 deps:
@@ -83,6 +83,15 @@ $(BUILD)/migrations.c: $(MIGRATIONS) sql scripts/embed-sql.sh | $(BUILD)
 
 $(BUILD)/migrations.o: $(BUILD)/migrations.c | pkg-check
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+# The version and commit (scripts/version.sh), checked on every build but
+# rewritten only when they change, so that only version.o is rebuilt then.
+$(BUILD)/version_gen.h: FORCE | $(BUILD)
+	@scripts/version.sh . > $@.tmp && \
+		{ cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@; }
+$(BUILD)/version.o: $(BUILD)/version_gen.h
+$(BUILD)/version.o: CFLAGS += -I$(BUILD)
+FORCE:
 
 $(BUILD)/idemproxy: $(OBJS)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)

@@ -30,12 +30,9 @@
 #include "store_pg_schema.h"
 #include "tenant_upgrade.h"
 #include "upstream.h"
+#include "version.h"
 #include "waiters.h"
 #include "worker.h"
-
-#ifndef IDEMPROXY_VERSION
-#define IDEMPROXY_VERSION "0.1.0"
-#endif
 
 /* The configuration in force; SIGHUP swaps it. Requests hold a reference to
  * the one they started with. */
@@ -288,6 +285,7 @@ static metrics_reading *publish_readings(void)
 	offload_publish();
 	busy_publish();
 	pg_link_publish();
+	version_publish();
 	return lag;
 }
 
@@ -446,8 +444,9 @@ static void start_background(parts *p, const config *cfg)
 	p->rp = reaper_start(cfg->db_url, &rcfg, cfg->db_citus);
 	running.reaper = p->rp;
 	log_info("idemproxy started",
-		 "listen=%s admin=%s workers=%d routes=%zu sealing_key=%s",
-		 cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
+		 "version=%s commit=%s listen=%s admin=%s workers=%d "
+		 "routes=%zu sealing_key=%s",
+		 idemproxy_version, idemproxy_commit, cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
 		 cfg->workers, cfg->n_routes,
 		 cfg->seal ? seal_keyring_active(cfg->seal) : "off");
 }
@@ -600,7 +599,8 @@ static int parse_args(int argc, char **argv, cli *o)
 			}
 			break;
 		case 'V':
-			printf("idemproxy %s\n", IDEMPROXY_VERSION);
+			printf("idemproxy %s (commit %s)\n", idemproxy_version,
+			       idemproxy_commit);
 			return 0;
 		case 'h':
 			usage(stdout);

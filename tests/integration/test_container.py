@@ -41,7 +41,7 @@ def test_installed_binary_runs_version_and_check(installed):
     assert os.access(binary, os.X_OK)
     v = run([binary, "--version"])
     assert v.returncode == 0, v.stderr
-    assert re.fullmatch(r"idemproxy \d+\.\d+\.\d+\S*\n", v.stdout), v.stdout
+    assert re.fullmatch(r"idemproxy \d+\.\d+\.\d+\S* \(commit \S+\)\n", v.stdout), v.stdout
 
     c = run([binary, "-c", CONTAINER_CONF, "--check"])
     assert c.returncode == 0, c.stderr
