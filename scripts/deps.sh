@@ -9,4 +9,5 @@ exec "$(dirname "$0")/apt-install.sh" \
 	postgresql postgresql-contrib \
 	python3 python3-pytest python3-psycopg python3-requests python3-yaml python3-jwt python3-cryptography curl procps \
 	clang libclang-rt-14-dev clang-format prometheus systemd \
-	iproute2 nftables faketime
+	iproute2 nftables faketime \
+	pandoc groff man-db debhelper dpkg-dev fakeroot lintian adduser

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Prints, as a C header, the version and the commit idemproxy is built from.
 #
-#   scripts/version.sh [SRC]      (SRC: the source tree, default .)
+#   scripts/version.sh [SRC]                  (SRC: the source tree, default .)
+#   scripts/version.sh --version-only [SRC]   only the version, as a word
 #
 # The version has one source: the newest entry of debian/changelog (a
 # native package, so the package's version is the program's). The commit is
@@ -10,10 +11,19 @@
 # its copy of the tree and `git archive` fills in (export-subst); else
 # "unknown".
 set -eu
+only=
+if [ "${1:-}" = --version-only ]; then
+	only=1
+	shift
+fi
 src=${1:-.}
 version=$(sed -n '1s/^[^ ]* (\([^)]*\)).*/\1/p' "$src/debian/changelog")
 version=${version#*:}
 [ -n "$version" ] || { echo "version.sh: no version in $src/debian/changelog" >&2; exit 1; }
+if [ -n "$only" ]; then
+	echo "$version"
+	exit 0
+fi
 
 commit=
 top=$(git -C "$src" rev-parse --show-toplevel 2>/dev/null) || top=

@@ -1,0 +1,70 @@
+-- Turns documentation pages (Markdown) into man page text, for pandoc -t man.
+-- The pages themselves stay written for the web; here:
+--  * a link to another page keeps its words only (those pages are not
+--    installed; the man pages name them in SEE ALSO), a web link its URL;
+--  * a page's own title (a level-1 heading not in capitals) goes,
+--    and its sections become man sections, in capitals;
+--  * a table whose first column is "setting" becomes a list of tagged
+--    paragraphs, "name (default: value)" then its meaning: a three-column
+--    table of long prose wraps badly in a terminal.
+
+function Header(h)
+  local text = pandoc.utils.stringify(h)
+  if h.level == 1 and text ~= text:upper() then
+    return {}
+  end
+  return pandoc.Header(1, pandoc.text.upper(text), h.attr)
+end
+
+function Link(l)
+  if l.target:match("^%a[%w+.-]*://") then
+    return nil
+  end
+  return l.content
+end
+
+local function inlines(cell)
+  local out = pandoc.List()
+  for _, b in ipairs(cell.contents) do
+    if b.content then
+      out:extend(b.content)
+    end
+  end
+  return out
+end
+
+function Table(t)
+  local head = t.head.rows[1]
+  if not head or pandoc.utils.stringify(head.cells[1].contents) ~= "setting" then
+    return nil
+  end
+  local items = pandoc.List()
+  for _, body in ipairs(t.bodies) do
+    for _, row in ipairs(body.body) do
+      local term = inlines(row.cells[1])
+      term:insert(pandoc.Str(" (default: "))
+      term:extend(inlines(row.cells[2]))
+      term:insert(pandoc.Str(")"))
+      items:insert({term, {pandoc.Para(inlines(row.cells[3]))}})
+    end
+  end
+  return pandoc.DefinitionList(items)
+end
+
+-- A long code word (a URL, a path) may break after / , ? & = ; : so that a
+-- narrow terminal does not overflow (groff's "can't break line").
+function Code(c)
+  if #c.text <= 24 then
+    return nil
+  end
+  local out = pandoc.List()
+  for piece in c.text:gmatch("[^/,?&=;:]*[/,?&=;:]?") do
+    if piece ~= "" then
+      if #out > 0 then
+        out:insert(pandoc.RawInline("man", "\\:"))
+      end
+      out:insert(pandoc.Code(piece, c.attr))
+    end
+  end
+  return out
+end
