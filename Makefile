@@ -16,7 +16,7 @@ OPT     ?= -O2 -g
 CFLAGS  ?= $(OPT)
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
            -D_GNU_SOURCE -Iinclude -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
-           $(HARDEN)
+           $(HARDEN) $(CPPFLAGS)
 # A frame larger than a page probes each page it takes, so that a stack
 # overflow faults in the guard below the stack (a fiber's is 64 KiB) and
 # never steps over it into a neighbour; on x86-64, endbr64 at indirect
