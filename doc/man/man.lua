@@ -2,18 +2,41 @@
 -- The pages themselves stay written for the web; here:
 --  * a link to another page keeps its words only (those pages are not
 --    installed; the man pages name them in SEE ALSO), a web link its URL;
---  * a page's own title (a level-1 heading not in capitals) goes,
---    and its sections become man sections, in capitals;
+--  * a page's own title (a level-1 heading not in capitals) and its
+--    introduction go (the man page's DESCRIPTION introduces it), and its
+--    sections become man sections, in capitals;
 --  * a table whose first column is "setting" becomes a list of tagged
 --    paragraphs, "name (default: value)" then its meaning: a three-column
 --    table of long prose wraps badly in a terminal.
 
-function Header(h)
-  local text = pandoc.utils.stringify(h)
-  if h.level == 1 and text ~= text:upper() then
-    return {}
+local function is_page_title(b)
+  if b.t ~= "Header" or b.level ~= 1 then
+    return false
   end
-  return pandoc.Header(1, pandoc.text.upper(text), h.attr)
+  local text = pandoc.utils.stringify(b)
+  return text ~= text:upper()
+end
+
+-- Runs first (pandoc applies a filter's Pandoc function after the
+-- element functions, so this is a filter of its own below).
+local function drop_page_intros(doc)
+  local out, skipping = pandoc.List(), false
+  for _, b in ipairs(doc.blocks) do
+    if is_page_title(b) then
+      skipping = true
+    elseif b.t == "Header" then
+      skipping = false
+      out:insert(b)
+    elseif not skipping then
+      out:insert(b)
+    end
+  end
+  doc.blocks = out
+  return doc
+end
+
+function Header(h)
+  return pandoc.Header(1, pandoc.text.upper(pandoc.utils.stringify(h)), h.attr)
 end
 
 function Link(l)
@@ -68,3 +91,5 @@ function Code(c)
   end
   return out
 end
+
+return {{Pandoc = drop_page_intros}, {Header = Header, Link = Link, Table = Table, Code = Code}}
