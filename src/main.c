@@ -446,7 +446,8 @@ static void start_background(parts *p, const config *cfg)
 	log_info("idemproxy started",
 		 "version=%s commit=%s listen=%s admin=%s workers=%d "
 		 "routes=%zu sealing_key=%s",
-		 idemproxy_version, idemproxy_commit, cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
+		 idemproxy_version, idemproxy_commit, cfg->listen,
+		 cfg->admin_listen[0] ? cfg->admin_listen : "off",
 		 cfg->workers, cfg->n_routes,
 		 cfg->seal ? seal_keyring_active(cfg->seal) : "off");
 }
