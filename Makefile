@@ -17,7 +17,7 @@ OPT     ?= -O2 -g
 CFLAGS  ?= $(OPT)
 CFLAGS  += -std=gnu11 -Wall -Wextra -Werror -Wshadow -Wformat=2 -Wno-unused-parameter \
            -D_GNU_SOURCE -Iinclude -Ibuild $(shell pkg-config --cflags $(PKGS) 2>/dev/null) \
-           $(HARDEN)
+           $(HARDEN) $(CPPFLAGS)
 # A frame larger than a page probes each page it takes, so that a stack
 # overflow faults in the guard below the stack (a fiber's is 64 KiB) and
 # never steps over it into a neighbour; on x86-64, endbr64 at indirect
@@ -47,7 +47,7 @@ UNIT_SRCS := $(wildcard tests/unit/test_*.c)
 UNIT_BINS := $(patsubst tests/unit/%.c,$(BUILD)/%,$(UNIT_SRCS))
 MIGRATIONS := $(sort $(wildcard sql/*.sql))
 
-.PHONY: all deps pkg-check run test unit integration check-busy-poll clean \
+.PHONY: all deps pkg-check run test unit integration check-busy-poll clean FORCE \
 	contract-deps
 all: $(BUILD)/idemproxy
 
@@ -85,6 +85,15 @@ $(BUILD)/migrations.c: $(MIGRATIONS) sql scripts/embed-sql.sh | $(BUILD)
 
 $(BUILD)/migrations.o: $(BUILD)/migrations.c | pkg-check
 	$(CC) $(CFLAGS) -c -o $@ $<
+
+# The version and commit (scripts/version.sh), checked on every build but
+# rewritten only when they change, so that only version.o is rebuilt then.
+$(BUILD)/version_gen.h: FORCE | $(BUILD)
+	@scripts/version.sh . > $@.tmp && \
+		{ cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@; }
+$(BUILD)/version.o: $(BUILD)/version_gen.h
+$(BUILD)/version.o: CFLAGS += -I$(BUILD)
+FORCE:
 
 $(BUILD)/idemproxy: $(OBJS)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDFLAGS) $(LDLIBS)

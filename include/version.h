@@ -1,9 +1,13 @@
-/* The release this binary is: `--version`, and the contract document. */
+/* The version and the commit this binary was built from: one source for
+ * --version and /metrics (scripts/version.sh writes them at build time). */
 #ifndef IDEMPROXY_VERSION_H
 #define IDEMPROXY_VERSION_H
 
-#ifndef IDEMPROXY_VERSION
-#define IDEMPROXY_VERSION "0.1.0"
-#endif
+extern const char idemproxy_version[];
+extern const char idemproxy_commit[];
+
+/* Adds idemproxy_build_info{version,commit} 1 to /metrics: dashboards
+ * join on it to tell which build each instance runs. */
+void version_publish(void);
 
 #endif

@@ -15,4 +15,5 @@ exec "$(dirname "$0")/apt-install.sh" \
 	python3 python3-pytest python3-psycopg python3-requests python3-yaml python3-jwt python3-cryptography curl procps \
 	clang libclang-rt-14-dev clang-format prometheus systemd \
 	iproute2 nftables faketime nodejs $npm_pkg \
-	chromium chromium-driver python3-selenium
+	chromium chromium-driver python3-selenium \
+	pandoc groff man-db debhelper dpkg-dev fakeroot lintian adduser

@@ -285,7 +285,7 @@ static json_t *route_rules(const config *cfg, const route_cfg *r)
 static json_t *summary(void)
 {
 	return json_pack("{s:s,s:s,s:s,s:s,s:s,s:{s:i,s:s},s:s}", "proxy",
-			 "idemproxy", "version", IDEMPROXY_VERSION,
+			 "idemproxy", "version", idemproxy_version,
 			 "specification", CONTRACT_DRAFT, "specification_url",
 			 "https://datatracker.ietf.org/doc/" CONTRACT_DRAFT "/",
 			 "durations", "milliseconds", "unmatched_paths",
@@ -610,7 +610,7 @@ static json_t *openapi(const config *cfg)
 	return json_pack(
 		"{s:s,s:{s:s,s:s,s:s},s:o,s:o,s:o}", "openapi", "3.1.0", "info",
 		"title", "idemproxy idempotency contract", "version",
-		IDEMPROXY_VERSION, "description",
+		idemproxy_version, "description",
 		"The Idempotency-Key rules idemproxy enforces in front of "
 		"this API, made from its conf. Merge paths and components "
 		"into the API's own document: every name is prefixed "

@@ -291,6 +291,7 @@ static metrics_reading *publish_readings(void)
 	offload_publish();
 	busy_publish();
 	pg_link_publish();
+	version_publish();
 	return lag;
 }
 
@@ -453,8 +454,10 @@ static void start_background(parts *p, const config *cfg)
 	p->rp = reaper_start(cfg->db_url, &rcfg, cfg->db_citus);
 	running.reaper = p->rp;
 	log_info("idemproxy started",
-		 "listen=%s admin=%s workers=%d routes=%zu sealing_key=%s",
-		 cfg->listen, cfg->admin_listen[0] ? cfg->admin_listen : "off",
+		 "version=%s commit=%s listen=%s admin=%s workers=%d "
+		 "routes=%zu sealing_key=%s",
+		 idemproxy_version, idemproxy_commit, cfg->listen,
+		 cfg->admin_listen[0] ? cfg->admin_listen : "off",
 		 cfg->workers, cfg->n_routes,
 		 cfg->seal ? seal_keyring_active(cfg->seal) : "off");
 }
@@ -651,7 +654,8 @@ static int parse_args(int argc, char **argv, cli *o)
 			}
 			break;
 		case 'V':
-			printf("idemproxy %s\n", IDEMPROXY_VERSION);
+			printf("idemproxy %s (commit %s)\n", idemproxy_version,
+			       idemproxy_commit);
 			return 0;
 		case 'h':
 			usage(stdout);

@@ -1,18 +1,24 @@
-"""The deployment artefacts: docker/build.sh (the Dockerfile's build stage,
-run here as it runs there, into a temporary prefix) and the systemd unit
-conf/idemproxy.service."""
+"""The deployment artefacts: the container image's build stage, run here as
+it runs there (its COPY lines into a build context, then docker/build.sh,
+i.e. `make install`, staged with DESTDIR), its runtime stage (the staged
+binary as uid 10001 on a read-only root file system, serving), and the
+systemd unit conf/idemproxy.service."""
 import os
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 
 import pytest
 
 from conftest import ROOT
+from helpers import is_replay, new_key
 
 DOCKERFILE = os.path.join(ROOT, "docker", "Dockerfile")
 CONTAINER_CONF = os.path.join(ROOT, "docker", "idemproxy.conf")
 UNIT = os.path.join(ROOT, "conf", "idemproxy.service")
+IMAGE_UID = 10001
 
 
 def run(args, **kw):
@@ -21,27 +27,68 @@ def run(args, **kw):
                           stdin=subprocess.DEVNULL, **kw)
 
 
+def build_stage():
+    """The build stage's context COPYs, the DESTDIR and PREFIX it stages
+    `make install` with, and the runtime stage's COPY --from=build lines."""
+    text = open(DOCKERFILE).read()
+    build, _, runtime = text.partition("\nFROM debian:12-slim")
+    assert runtime, "no runtime stage FROM debian:12-slim"
+    m = re.search(r"^RUN BUILD=\S+ DESTDIR=(\S+) docker/build\.sh (\S+)\s*$", build, re.M)
+    assert m, "the build stage no longer runs DESTDIR=... docker/build.sh PREFIX"
+    copies = re.findall(r"^COPY (?!--)(\S+) (\S+)\s*$", build, re.M)
+    return copies, m.group(1), m.group(2), re.findall(
+        r"^COPY --from=build (\S+) (\S+)\s*$", runtime, re.M), runtime
+
+
+def copy_in(src, dst):
+    """COPY src dst: a directory's content, or a file."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if os.path.isdir(src):
+        shutil.copytree(src, dst, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        shutil.copy2(src, dst)
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """docker/build.sh PREFIX with a fresh BUILD dir: a full build, as in the
-    image, without touching the tree's build/."""
-    tmp = tmp_path_factory.mktemp("container")
-    prefix, build = tmp / "prefix", tmp / "build"
-    env = dict(os.environ, BUILD=str(build))
-    r = run(["sh", os.path.join(ROOT, "docker", "build.sh"), prefix], env=env, timeout=300)
-    assert r.returncode == 0, "docker/build.sh failed (%d):\n%s%s" % (
-        r.returncode, r.stdout[-4000:], r.stderr[-4000:])
-    assert "installed %s/bin/idemproxy" % prefix in r.stdout
-    assert (build / "idemproxy").exists()
-    return prefix
+def image():
+    """The build stage without docker: a context holding only what the
+    Dockerfile COPYs, built with a fresh BUILD dir (a full build, as in the
+    image) and staged in DESTDIR. Then the runtime stage's tree: what it
+    COPYs out of the stage, in a directory others may enter (the image's
+    user must reach its binary)."""
+    tmp = tempfile.mkdtemp(prefix="idemproxy-image-")
+    os.chmod(tmp, 0o755)
+    try:
+        ctx, build, out = (os.path.join(tmp, d) for d in ("src", "build", "out"))
+        copies, destdir, prefix, runtime_copies, _ = build_stage()
+        for src, dst in copies:
+            copy_in(os.path.join(ROOT, src), os.path.join(ctx, src if dst in ("./", ".") else dst))
+        env = dict(os.environ, BUILD=build, DESTDIR=out)
+        r = run(["sh", os.path.join(ctx, "docker", "build.sh"), prefix], env=env, timeout=300)
+        assert r.returncode == 0, "docker/build.sh failed (%d):\n%s%s" % (
+            r.returncode, r.stdout[-4000:], r.stderr[-4000:])
+        assert "installed %s%s/sbin/idemproxy" % (out, prefix) in r.stdout
+        root = os.path.join(tmp, "root")
+        for src, dst in runtime_copies:
+            assert src.startswith(destdir + "/"), src
+            staged = os.path.join(out, src[len(destdir) + 1:])
+            assert os.path.exists(staged), "%s is not installed by the build stage" % src
+            copy_in(staged, root + dst)
+        yield {"tmp": tmp, "out": out, "prefix": prefix, "root": root,
+               "runtime_copies": runtime_copies}
+    finally:
+        shutil.rmtree(tmp)
 
 
-def test_installed_binary_runs_version_and_check(installed):
-    binary = installed / "bin" / "idemproxy"
+def test_staged_install_runs_version_and_check(image):
+    binary = os.path.join(image["out"] + image["prefix"], "sbin", "idemproxy")
     assert os.access(binary, os.X_OK)
     v = run([binary, "--version"])
     assert v.returncode == 0, v.stderr
-    assert re.fullmatch(r"idemproxy \d+\.\d+\.\d+\S*\n", v.stdout), v.stdout
+    # no .git in the context and no --build-arg COMMIT: unknown
+    assert re.fullmatch(r"idemproxy \d+\.\d+\.\d+\S* \(commit unknown\)\n", v.stdout), v.stdout
+    assert b".debug_info" not in open(binary, "rb").read(), "the image's binary is stripped"
 
     c = run([binary, "-c", CONTAINER_CONF, "--check"])
     assert c.returncode == 0, c.stderr
@@ -52,37 +99,74 @@ def test_installed_binary_runs_version_and_check(installed):
     assert all("-> http://upstream:9000" in l for l in routes.values())
 
     # the example conf it installs validates too
-    example = installed / "share" / "idemproxy" / "idemproxy.conf.example"
+    example = os.path.join(image["out"] + image["prefix"], "share", "idemproxy",
+                           "idemproxy.conf.example")
     c = run([binary, "-c", example, "--check"])
     assert c.returncode == 0, c.stderr
-    assert os.access(installed / "share" / "idemproxy" / "demo_upstream.py", os.X_OK)
 
     # a broken conf is refused with FILE:LINE
-    bad = installed / "bad.conf"
-    bad.write_text(open(CONTAINER_CONF).read().replace('workers       = 16;',
-                                                       'workers       = "x";'))
+    bad = os.path.join(image["tmp"], "bad.conf")
+    open(bad, "w").write(open(CONTAINER_CONF).read().replace('workers       = 16;',
+                                                              'workers       = "x";'))
     c = run([binary, "-c", bad, "--check"])
     assert c.returncode == 1
-    assert re.match(r"%s:\d+: " % re.escape(str(bad)), c.stderr), c.stderr
+    assert re.match(r"%s:\d+: " % re.escape(bad), c.stderr), c.stderr
 
 
-def test_dockerfile_copies_what_build_sh_installs(installed):
-    """The runtime stage copies paths out of the build stage's prefix: each
-    must be something build.sh really installs."""
-    text = open(DOCKERFILE).read()
-    m = re.search(r"^RUN .*docker/build\.sh (\S+)\s*$", text, re.M)
-    assert m, "the Dockerfile no longer runs docker/build.sh PREFIX"
-    out = m.group(1).rstrip("/")
-    copies = re.findall(r"^COPY --from=build (\S+) (\S+)\s*$", text, re.M)
-    assert copies, "no COPY --from=build in the Dockerfile"
-    for src, _ in copies:
-        assert src.startswith(out + "/"), src
-        assert (installed / src[len(out) + 1:]).exists(), "%s is not installed" % src
-    assert any(dst == "/usr/local/bin/idemproxy" for _, dst in copies)
+def test_dockerfile_runtime_stage(image):
+    """What the runtime stage copies, the user it runs as, and its health
+    check against the container conf; compose runs the proxy read-only."""
+    copies, runtime = image["runtime_copies"], build_stage()[4]
+    assert ("/out/usr/sbin/idemproxy", "/usr/sbin/idemproxy") in copies
+    assert re.search(r'^ENTRYPOINT \["/usr/sbin/idemproxy"\]$', runtime, re.M)
+    user = re.search(r"^USER (\S+)$", runtime, re.M).group(1)
+    assert user.split(":")[0] not in ("root", "0")
+    assert re.search(r"--uid %d\b.* %s$" % (IMAGE_UID, user.split(":")[0]), runtime, re.M | re.S)
     # the image's health check asks the admin port the container conf serves
-    port = re.search(r"HEALTHCHECK.*\n.*127\.0\.0\.1:(\d+)/healthz", text).group(1)
+    port = re.search(r"HEALTHCHECK.*\n.*127\.0\.0\.1:(\d+)/healthz", runtime).group(1)
     conf = open(CONTAINER_CONF).read()
     assert re.search(r'^admin_listen\s*=\s*"[^"]*:%s";' % port, conf, re.M)
+    compose = open(os.path.join(ROOT, "docker", "compose.yaml")).read()
+    anchor = re.search(r"^x-idemproxy: &idemproxy\n((?:  .*\n)+)", compose, re.M).group(1)
+    assert re.search(r"^  read_only: true$", anchor, re.M), anchor
+    assert "--read-only" in open(DOCKERFILE).read()
+
+
+def test_image_serves_as_non_root_on_a_read_only_root(image, make_proxy, stub):
+    """The runtime stage's binary as `docker run --read-only` runs it: uid
+    10001, every file system but /proc, /sys, /dev and /run read-only (its
+    own directory included: a write anywhere fails). It forwards a key
+    once and replays it."""
+    root = image["root"]
+    conf = os.path.join(root, "etc", "idemproxy", "idemproxy.conf")
+    os.makedirs(os.path.dirname(conf))
+    wrapper = os.path.join(image["tmp"], "run-as-image.sh")
+    open(wrapper, "w").write("""#!/bin/sh
+# $1 $2: -c CONF (in a directory only root may enter): a copy the image's
+# user reads, as a mounted conf would be.
+set -eu
+install -m 0644 "$2" %(conf)s
+exec unshare --mount sh -c '
+set -eu
+for m in $(awk "{print \\$2}" /proc/self/mounts | sort -u); do
+	case $m in /proc*|/sys*|/dev*|/run*) ;; *) mount -o remount,bind,ro "$m" ;; esac
+done
+if touch %(root)s/probe 2>/dev/null; then echo "the root is writable" >&2; exit 99; fi
+exec setpriv --reuid=%(uid)d --regid=%(uid)d --clear-groups --pdeathsig=SIGKILL \
+	%(root)s/usr/sbin/idemproxy -c %(conf)s'
+""" % {"conf": conf, "root": root, "uid": IMAGE_UID})
+    os.chmod(wrapper, 0o755)
+    p = make_proxy(binary=wrapper)
+    status = open("/proc/%d/status" % p.proc.pid).read()
+    assert re.search(r"^Uid:\s+%d\s+%d\s+%d\s+%d$" % ((IMAGE_UID,) * 4), status, re.M), status
+    assert os.readlink("/proc/%d/exe" % p.proc.pid) == os.path.join(root, "usr/sbin/idemproxy")
+    key = new_key()
+    first = p.post("/v1/payments", key=key, json={"amount": 100, "currency": "EUR"})
+    again = p.post("/v1/payments", key=key, json={"amount": 100, "currency": "EUR"})
+    assert first.status_code == 201 and not is_replay(first), first.text
+    assert again.status_code == 201 and is_replay(again) and again.content == first.content
+    assert stub.count(key=key) == 1
+    assert not os.path.exists(os.path.join(root, "probe"))
 
 
 def unit_settings():
@@ -138,7 +222,9 @@ def test_systemd_unit_is_sandboxed_and_verifies(binary, tmp_path):
     # systemd's own checks, on a copy whose binary exists here
     unit = tmp_path / "idemproxy.service"
     unit.write_text(open(UNIT).read().replace(start[0], binary))
-    r = run(["systemd-analyze", "verify", unit])
+    # (--man=no: the pages it names are checked by test_man.py, and
+    # opened with man from the installed package by `make check-deb`)
+    r = run(["systemd-analyze", "verify", "--man=no", unit])
     assert r.returncode == 0 and not r.stderr.strip() and not r.stdout.strip(), \
         "systemd-analyze verify:\n%s%s" % (r.stdout, r.stderr)
     # the overall exposure score (0 = locked down, 100 = none), x10
