@@ -889,11 +889,11 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 /* The claim of a waiting duplicate failed: it is answered 503, never
  * forwarded unprotected (the attempt it waits for is in flight) and never
  * left hanging. What is known of the key: in flight if its claim said so
- * just now (state PROBLEM_IN_PROGRESS), nothing sure once it was woken
- * (the record changed: it may have completed; PROBLEM_UNKNOWN). Either
- * way a retry with the same key cannot run it twice. */
+ * just now, nothing sure once it was woken (the record changed: it may
+ * have completed). Either way a retry with the same key cannot run it
+ * twice. */
 static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
-			 const char *err, enum problem_state known)
+			 const char *err, bool woken)
 {
 	metrics_set_store_up(!store_outage(w->st));
 	log_warn("store error while waiting", "request_id=%s %s", j->request_id,
@@ -904,7 +904,9 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 			    "earlier request with this key is in flight or "
 			    "just ended; retry later with the same key",
 			    decide_retry_after_s(r->retry_after_ms),
-			    (problem_facts){known, PROBLEM_RETRY_SAME_KEY});
+			    (problem_facts){woken ? PROBLEM_UNKNOWN
+						  : PROBLEM_IN_PROGRESS,
+					    PROBLEM_RETRY_SAME_KEY});
 }
 
 /* Once per request: may it wait, and for how long. */
@@ -971,7 +973,7 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 	metrics_observe_store_ms(ms);
 	if (rc) {
 		leave_wait(w, j, "store_unavailable");
-		store_refuse(w, j, r, err, PROBLEM_IN_PROGRESS);
+		store_refuse(w, j, r, err, false);
 		return WAIT_ANSWERED;
 	}
 	uint8_t scope[WAKE_SCOPE_LEN];
@@ -1108,7 +1110,7 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	int rc = claim_key(w, j, r, p, &c, err, sizeof err);
 	if (rc && j->wait_since_ms > 0) {
 		leave_wait(w, j, "store_unavailable");
-		store_refuse(w, j, r, err, PROBLEM_UNKNOWN);
+		store_refuse(w, j, r, err, true);
 		return false;
 	}
 	if (rc) {
