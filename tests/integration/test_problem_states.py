@@ -258,6 +258,28 @@ def test_a_woken_waiter_whose_claim_fails_does_not_say_not_executed(make_proxy, 
     assert stub.count(key=key) == 1 and pg.record(key)["state"] == "completed"
 
 
+def test_a_waiter_whose_wait_cannot_be_marked_knows_the_key_is_in_flight(
+        make_proxy, stub, pg):
+    """The claim said in flight a moment ago; marking the record for a
+    wake-up fails (a trigger refuses exactly that update)."""
+    p = make_proxy(route_overrides=wait_routes())
+    key = new_key("markfail")
+    orig = start_original(stub, p, key)
+    pg.execute("CREATE FUNCTION no_mark() RETURNS trigger LANGUAGE plpgsql AS $f$ "
+               "BEGIN IF NEW.wait_notify AND NOT OLD.wait_notify THEN "
+               "RAISE EXCEPTION 'boom'; END IF; RETURN NEW; END $f$")
+    pg.execute("CREATE TRIGGER no_mark BEFORE UPDATE ON idempotency_records "
+               "FOR EACH ROW EXECUTE FUNCTION no_mark()")
+    try:
+        doc = check(post(p, key), 503, "idempotency_store_unavailable", "in_progress",
+                    "retry_same_key")
+        agrees(doc, stub.count(key=key))
+    finally:
+        stub.release("orig")
+    assert orig.result().status_code == 201
+    assert stub.count(key=key) == 1
+
+
 @pytest.mark.no_replay_cache
 def test_a_claim_answered_too_late_to_send_executed_nothing(make_proxy, stub, pg):
     r_ = PgRelay(pg.cluster.port)
