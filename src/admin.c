@@ -139,8 +139,7 @@ static enum MHD_Result problem_with(admin *a, struct MHD_Connection *conn,
 }
 
 static enum MHD_Result problem(admin *a, struct MHD_Connection *conn,
-			       int status, const char *code,
-			       const char *detail)
+			       int status, const char *code, const char *detail)
 {
 	return problem_with(a, conn, status, code, detail, NULL, NULL);
 }
@@ -400,12 +399,13 @@ static enum MHD_Result store_failed(admin *a, struct MHD_Connection *conn,
 	/* The connection may have broken after the DELETE reached the
 	 * server, and a second one after a release that did commit would
 	 * purge the record: a person reads it first. */
-	return problem_as(a, conn, 503, "idempotency_store_unavailable",
-			  "the idempotency store cannot be reached; the DELETE "
-			  "may or may not have taken effect: read the record "
-			  "(GET) before sending it again",
-			  (problem_facts){PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY},
-			  NULL, NULL);
+	return problem_as(
+		a, conn, 503, "idempotency_store_unavailable",
+		"the idempotency store cannot be reached; the DELETE "
+		"may or may not have taken effect: read the record "
+		"(GET) before sending it again",
+		(problem_facts){PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY}, NULL,
+		NULL);
 }
 
 static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,

@@ -787,9 +787,8 @@ static void outcome_unknown(job *j, const route_cfg *r)
 		       "is executed again (on_unknown release_after_lease): "
 		       "find out whether it took effect before retrying",
 		decide_retry_after_s(r->lease_ms),
-		(problem_facts){PROBLEM_UNKNOWN,
-				hold ? PROBLEM_RETRY_SAME_KEY
-				     : PROBLEM_DO_NOT_RETRY});
+		(problem_facts){PROBLEM_UNKNOWN, hold ? PROBLEM_RETRY_SAME_KEY
+						      : PROBLEM_DO_NOT_RETRY});
 }
 
 /* Too little of the attempt's lease is left for the whole upstream call:
@@ -899,14 +898,14 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 	log_warn("store error while waiting", "request_id=%s %s", j->request_id,
 		 err);
 	j->outcome = "store_unavailable";
-	reply_problem_state(j, 503, "idempotency_store_unavailable",
-			    "the idempotency store cannot be reached while an "
-			    "earlier request with this key is in flight or "
-			    "just ended; retry later with the same key",
-			    decide_retry_after_s(r->retry_after_ms),
-			    (problem_facts){woken ? PROBLEM_UNKNOWN
-						  : PROBLEM_IN_PROGRESS,
-					    PROBLEM_RETRY_SAME_KEY});
+	reply_problem_state(
+		j, 503, "idempotency_store_unavailable",
+		"the idempotency store cannot be reached while an "
+		"earlier request with this key is in flight or "
+		"just ended; retry later with the same key",
+		decide_retry_after_s(r->retry_after_ms),
+		(problem_facts){woken ? PROBLEM_UNKNOWN : PROBLEM_IN_PROGRESS,
+				PROBLEM_RETRY_SAME_KEY});
 }
 
 /* Once per request: may it wait, and for how long. */
@@ -1081,13 +1080,13 @@ static void claimed_held(proxy_worker *w, job *j, const route_cfg *r)
 {
 	leave_wait(w, j, "held");
 	j->outcome = "in_flight";
-	reply_problem_state(j, 409, "idempotency_key_in_use",
-			    "the outcome of an earlier attempt with this key "
-			    "is unknown and the key is held until an "
-			    "operator releases it",
-			    decide_retry_after_s(r->retry_after_ms),
-			    (problem_facts){PROBLEM_UNKNOWN,
-					    PROBLEM_DO_NOT_RETRY});
+	reply_problem_state(
+		j, 409, "idempotency_key_in_use",
+		"the outcome of an earlier attempt with this key "
+		"is unknown and the key is held until an "
+		"operator releases it",
+		decide_retry_after_s(r->retry_after_ms),
+		(problem_facts){PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY});
 }
 
 /* CLAIM_MISMATCH: the key was used with another payload. */

@@ -1031,11 +1031,12 @@ static void test_problem_links(void **state)
 	assert_string_equal(c->problem_type_base, "urn:idemproxy:problem:");
 	assert_string_equal(c->problem_doc_url, "");
 	config_unref(c);
-	c = load_text("problem_type_base = \"https://docs.example.com/p/\";\n"
-		      "problem_doc_url = \"https://docs.example.com/p\";\n"
-		      ROUTE_A);
+	c = load_text(
+		"problem_type_base = \"https://docs.example.com/p/\";\n"
+		"problem_doc_url = \"https://docs.example.com/p\";\n" ROUTE_A);
 	assert_non_null(c);
-	assert_string_equal(c->problem_type_base, "https://docs.example.com/p/");
+	assert_string_equal(c->problem_type_base,
+			    "https://docs.example.com/p/");
 	assert_string_equal(c->problem_doc_url, "https://docs.example.com/p");
 	config_unref(c);
 	assert_error("problem_type_base = \"\";\n" ROUTE_A, 1,
