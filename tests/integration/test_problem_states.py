@@ -242,6 +242,23 @@ def test_a_store_that_cannot_be_reached_before_the_claim_executed_nothing(
     assert stub.count(key=key) == 0 and pg.record(key) is None
 
 
+def test_a_request_forwarded_without_the_store_is_never_advised_a_retry(make_proxy,
+                                                                         stub, pg):
+    """database.unavailable = "forward": no record stops a retry from
+    executing again, so an unknown outcome says do_not_retry."""
+    proxy = make_proxy(top={"database": {"url": pg.url, "unavailable": "forward"}})
+    assert pay(proxy, new_key("warm")).status_code == 201
+    key = new_key("unprotected")
+    stub.configure({"prefix": PAY, "key": key, "action": "close", "times": 1})
+    set_connections(pg, False)
+    try:
+        r = pay(proxy, key)
+    finally:
+        set_connections(pg, True)
+    check(r, 504, "upstream_outcome_unknown", "unknown", "do_not_retry")
+    assert stub.count(key=key) == 1 and pg.record(key) is None
+
+
 def test_a_woken_waiter_whose_claim_fails_does_not_say_not_executed(make_proxy, stub,
                                                                      pg):
     p = make_proxy(route_overrides=wait_routes())
