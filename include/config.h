@@ -45,6 +45,8 @@ typedef struct config {
 	enum log_level log_level;
 	int64_t log_flush_ms; /* 0 = every line written at once; see log.h */
 	bool log_json;
+	char *problem_type_base; /* a problem's type is this + its code */
+	char *problem_doc_url;   /* "" = no Link: rel="describedby" */
 
 	char *db_url;
 	int64_t statement_timeout_ms;

@@ -97,6 +97,8 @@ int cfg_want_string(const config_setting_t *s, const char *what, char *why,
 		    size_t whylen);
 int cfg_conv_string(const cfg_opt *o, const config_setting_t *s, void *base,
 		    char *why, size_t whylen);
+int cfg_conv_uri(const cfg_opt *o, const config_setting_t *s, void *base,
+		 char *why, size_t whylen);
 int cfg_conv_int(const cfg_opt *o, const config_setting_t *s, void *base,
 		 char *why, size_t whylen);
 int cfg_conv_int64(const cfg_opt *o, const config_setting_t *s, void *base,

@@ -83,21 +83,68 @@ static enum MHD_Result reply(struct MHD_Connection *conn, int status,
 	return rc;
 }
 
-static enum MHD_Result problem_with(struct MHD_Connection *conn, int status,
-				    const char *code, const char *detail,
-				    const char *extra_name,
-				    const char *extra_value)
+/* A problem answer of the admin listener, with the problem settings of
+ * the configuration in force; extra_name (when not NULL) is one more
+ * header. doc is the body, as problem_render made it or extended. */
+static enum MHD_Result problem_reply(admin *a, struct MHD_Connection *conn,
+				     int status, growbuf *body,
+				     const char *extra_name,
+				     const char *extra_value)
 {
-	growbuf b = {0};
-	problem_render(&b, status, code, detail, NULL);
-	return reply(conn, status, PROBLEM_CONTENT_TYPE, &b, extra_name,
-		     extra_value);
+	struct MHD_Response *r = MHD_create_response_from_buffer(
+		body->len, body->data, MHD_RESPMEM_MUST_FREE);
+	body->data = NULL;
+	body->len = body->cap = 0;
+	MHD_add_response_header(r, "Content-Type", PROBLEM_CONTENT_TYPE);
+	MHD_add_response_header(r, "Cache-Control", "no-store");
+	if (extra_name)
+		MHD_add_response_header(r, extra_name, extra_value);
+	config *cfg = a->get_config(a->arg);
+	problem_links links = {cfg->problem_type_base, cfg->problem_doc_url};
+	growbuf link = {0};
+	if (problem_link_header(&links, &link))
+		MHD_add_response_header(r, "Link", link.data);
+	config_unref(cfg);
+	growbuf_free(&link);
+	enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, r);
+	MHD_destroy_response(r);
+	return rc;
 }
 
-static enum MHD_Result problem(struct MHD_Connection *conn, int status,
-			       const char *code, const char *detail)
+/* The body of an admin problem, into b. */
+static void problem_body(admin *a, growbuf *b, int status, const char *code,
+			 const char *detail, problem_facts f)
 {
-	return problem_with(conn, status, code, detail, NULL, NULL);
+	config *cfg = a->get_config(a->arg);
+	problem_links links = {cfg->problem_type_base, cfg->problem_doc_url};
+	problem_render(b, &links, status, code, detail, NULL, f);
+	config_unref(cfg);
+}
+
+static enum MHD_Result problem_as(admin *a, struct MHD_Connection *conn,
+				  int status, const char *code,
+				  const char *detail, problem_facts f,
+				  const char *extra_name,
+				  const char *extra_value)
+{
+	growbuf b = {0};
+	problem_body(a, &b, status, code, detail, f);
+	return problem_reply(a, conn, status, &b, extra_name, extra_value);
+}
+
+static enum MHD_Result problem_with(admin *a, struct MHD_Connection *conn,
+				    int status, const char *code,
+				    const char *detail, const char *extra_name,
+				    const char *extra_value)
+{
+	return problem_as(a, conn, status, code, detail, (problem_facts){0},
+			  extra_name, extra_value);
+}
+
+static enum MHD_Result problem(admin *a, struct MHD_Connection *conn,
+			       int status, const char *code, const char *detail)
+{
+	return problem_with(a, conn, status, code, detail, NULL, NULL);
 }
 
 static enum MHD_Result reply_json(struct MHD_Connection *conn, int status,
@@ -337,7 +384,7 @@ static void lock_store(admin *a)
 	config_unref(cfg);
 }
 
-static enum MHD_Result store_failed(struct MHD_Connection *conn,
+static enum MHD_Result store_failed(admin *a, struct MHD_Connection *conn,
 				    const char *who, const char *method,
 				    const key_path *k, const char *err)
 {
@@ -346,10 +393,22 @@ static enum MHD_Result store_failed(struct MHD_Connection *conn,
 	log_field(&b, "error", err);
 	log_warn("admin action failed", "%s", b.data);
 	growbuf_free(&b);
-	return problem_with(conn, 503, "idempotency_store_unavailable",
-			    "the idempotency store cannot be reached; retry "
-			    "later",
-			    "Retry-After", "1");
+	if (strcmp(method, "DELETE"))
+		return problem_with(a, conn, 503,
+				    "idempotency_store_unavailable",
+				    "the idempotency store cannot be reached; "
+				    "retry later",
+				    "Retry-After", "1");
+	/* The connection may have broken after the DELETE reached the
+	 * server, and a second one after a release that did commit would
+	 * purge the record: a person reads it first. */
+	return problem_as(
+		a, conn, 503, "idempotency_store_unavailable",
+		"the idempotency store cannot be reached; the DELETE "
+		"may or may not have taken effect: read the record "
+		"(GET) before sending it again",
+		(problem_facts){PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY}, NULL,
+		NULL);
 }
 
 static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,
@@ -364,10 +423,10 @@ static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,
 				 &rec, &found, err, sizeof err);
 	pthread_mutex_unlock(&a->mu);
 	if (rc)
-		return store_failed(conn, who, method, k, err);
+		return store_failed(a, conn, who, method, k, err);
 	if (!found) {
 		log_action(who, method, k, "not_found");
-		return problem(conn, 404, "not_found",
+		return problem(a, conn, 404, "not_found",
 			       "no record for this tenant, operation and key");
 	}
 	json_t *doc = record_json(&rec);
@@ -378,7 +437,7 @@ static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,
 
 /* 409 for an attempt whose lease is alive, with when it ends: releasing it
  * would let a retry be sent upstream while it may still be sending. */
-static enum MHD_Result refuse_in_flight(struct MHD_Connection *conn,
+static enum MHD_Result refuse_in_flight(admin *a, struct MHD_Connection *conn,
 					const char *lease_until)
 {
 	char detail[256];
@@ -388,7 +447,8 @@ static enum MHD_Result refuse_in_flight(struct MHD_Connection *conn,
 		 "Wait for the lease to end, or add ?force=true",
 		 lease_until);
 	growbuf b = {0};
-	problem_render(&b, 409, "attempt_in_flight", detail, NULL);
+	problem_body(a, &b, 409, "attempt_in_flight", detail,
+		     (problem_facts){0});
 	json_t *doc = json_loadb(b.data, b.len, 0, NULL);
 	growbuf_free(&b);
 	ALWAYS_ASSERT(doc != NULL);
@@ -398,7 +458,7 @@ static enum MHD_Result refuse_in_flight(struct MHD_Connection *conn,
 	growbuf_append(&b, text, strlen(text));
 	growbuf_append(&b, "\n", 1);
 	free(text);
-	return reply(conn, 409, PROBLEM_CONTENT_TYPE, &b, NULL, NULL);
+	return problem_reply(a, conn, 409, &b, NULL, NULL);
 }
 
 /* ?force=true: 1; absent: 0; anything else: -1. */
@@ -416,7 +476,7 @@ static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
 {
 	int force = force_arg(conn);
 	if (force < 0)
-		return problem(conn, 400, "bad_request",
+		return problem(a, conn, 400, "bad_request",
 			       "force must be true or false");
 	admin_delete_result res;
 	char err[512];
@@ -425,15 +485,15 @@ static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
 				    force, &res, err, sizeof err);
 	pthread_mutex_unlock(&a->mu);
 	if (rc)
-		return store_failed(conn, who, "DELETE", k, err);
+		return store_failed(a, conn, who, "DELETE", k, err);
 	if (res.action == ADMIN_DEL_ABSENT) {
 		log_action(who, "DELETE", k, "not_found");
-		return problem(conn, 404, "not_found",
+		return problem(a, conn, 404, "not_found",
 			       "no record for this tenant, operation and key");
 	}
 	if (res.action == ADMIN_DEL_IN_FLIGHT) {
 		log_action(who, "DELETE", k, "refused_in_flight");
-		return refuse_in_flight(conn, res.lease_until);
+		return refuse_in_flight(a, conn, res.lease_until);
 	}
 	if (a->forget)
 		a->forget(a->forget_arg, k->part[0], k->part[1], k->part[2]);
@@ -481,12 +541,12 @@ static bool admin_gate(admin *a, struct MHD_Connection *conn,
 		log_warn("admin request refused", "%s", f.data);
 	growbuf_free(&f);
 	if (disabled) {
-		*answer = problem(conn, 404, "not_found",
+		*answer = problem(a, conn, 404, "not_found",
 				  "the admin API is disabled (admin_token is "
 				  "empty)");
 		return false;
 	}
-	*answer = problem_with(conn, 401, "admin_unauthorized",
+	*answer = problem_with(a, conn, 401, "admin_unauthorized",
 			       "send Authorization: Bearer <admin_token>",
 			       MHD_HTTP_HEADER_WWW_AUTHENTICATE,
 			       "Bearer realm=\"idemproxy-admin\"");
@@ -499,7 +559,7 @@ static enum MHD_Result contract_get(admin *a, struct MHD_Connection *conn,
 				    const char *method, const char *path)
 {
 	if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-		return problem_with(conn, 405, "method_not_allowed", "use GET",
+		return problem_with(a, conn, 405, "method_not_allowed", "use GET",
 				    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
 	config *cfg = a->get_config(a->arg);
 	growbuf b = {0};
@@ -530,20 +590,20 @@ static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
 			 : parse_key_path(path + plen, &k);
 	if (pr == -1) {
 		key_path_free(&k);
-		return problem(conn, 404, "not_found",
+		return problem(a, conn, 404, "not_found",
 			       "no such admin endpoint; use "
 			       "/admin/keys/{tenant}/{operation}/{key}");
 	}
 	if (strcmp(method, "GET") && strcmp(method, "HEAD") &&
 	    strcmp(method, "DELETE")) {
 		key_path_free(&k);
-		return problem_with(conn, 405, "method_not_allowed",
+		return problem_with(a, conn, 405, "method_not_allowed",
 				    "use GET or DELETE", MHD_HTTP_HEADER_ALLOW,
 				    "GET, HEAD, DELETE");
 	}
 	if (pr == -2) {
 		key_path_free(&k);
-		return problem(conn, 400, "bad_request",
+		return problem(a, conn, 400, "bad_request",
 			       "a path segment is not a valid percent-encoded "
 			       "name of printable ASCII");
 	}
@@ -553,10 +613,10 @@ static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
 	return answer;
 }
 
-static enum MHD_Result get_only(struct MHD_Connection *conn,
+static enum MHD_Result get_only(admin *a, struct MHD_Connection *conn,
 				const char *method)
 {
-	return problem_with(conn, 405, "method_not_allowed", "use GET",
+	return problem_with(a, conn, 405, "method_not_allowed", "use GET",
 			    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
 }
 
@@ -639,10 +699,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	bool known = !strcmp(path, "/healthz") || !strcmp(path, "/readyz") ||
 		     !strcmp(path, "/metrics");
 	if (!known)
-		return problem(conn, 404, "not_found",
+		return problem(a, conn, 404, "not_found",
 			       "no such admin endpoint");
 	if (!get)
-		return get_only(conn, method);
+		return get_only(a, conn, method);
 	growbuf b = {0};
 	if (!strcmp(path, "/healthz")) {
 		growbuf_puts(&b, "ok\n");

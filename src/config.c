@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "config_table.h"
+#include "problem.h"
 
 /* ---- the tables ------------------------------------------------------ */
 
@@ -120,6 +121,14 @@ static const cfg_opt cfg_top[] = {
 	{.name = "log_flush_interval", .conv = cfg_conv_duration,
 	 .def = "\"100ms\"", .min = 0, .max = 60000,
 	 .off = C_(log_flush_ms), .reload = CFG_APPLY},
+	/* Bounds are of the length; min 0: may be empty (off). The code is
+	 * appended to the base, so it leaves room for the longest. */
+	{.name = "problem_type_base", .conv = cfg_conv_uri,
+	 .def = "\"" PROBLEM_TYPE_BASE_DEFAULT "\"", .min = 1, .max = 512,
+	 .off = C_(problem_type_base), .reload = CFG_APPLY},
+	{.name = "problem_doc_url", .conv = cfg_conv_uri, .def = "\"\"",
+	 .min = 0, .max = 2048, .off = C_(problem_doc_url),
+	 .reload = CFG_APPLY},
 };
 
 static const cfg_opt cfg_database[] = {
@@ -293,7 +302,8 @@ void config_each_setting(void (*fn)(void *arg, const char *scope,
  * another kind marked restart-only fails here, in the unit test. */
 static bool cfg_same(const cfg_opt *o, const config *a, const config *b)
 {
-	if (o->conv == cfg_conv_string || o->conv == cfg_conv_listen ||
+	if (o->conv == cfg_conv_string || o->conv == cfg_conv_uri ||
+	    o->conv == cfg_conv_listen ||
 	    o->conv == cfg_conv_listen_or_off)
 		return strcmp(CFG_VAL(o, a, char *), CFG_VAL(o, b, char *)) == 0;
 	if (o->conv == cfg_conv_int || o->conv == cfg_conv_enum ||
@@ -499,6 +509,8 @@ static void cfg_free(config *c)
 	free(c->admin_listen);
 	free(c->admin_token);
 	free(c->contract_path);
+	free(c->problem_type_base);
+	free(c->problem_doc_url);
 	free(c->db_url);
 	free(c->seal_keys_file);
 	seal_keyring_free(c->seal);

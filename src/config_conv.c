@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "problem.h"
 #include "units.h"
 
 /* ---- errors ---------------------------------------------------------- */
@@ -277,6 +278,29 @@ int cfg_conv_string(const cfg_opt *o, const config_setting_t *s, void *base,
 	if (cfg_want_string(s, "a string", why, whylen) < 0)
 		return -1;
 	*CFG_DST(o, base, char *) = xstrdup(config_setting_get_string(s));
+	return 0;
+}
+
+/* An absolute URI of at most o->max bytes (empty allowed when o->min is
+ * 0): it goes into problem bodies and a Link header as it is. */
+int cfg_conv_uri(const cfg_opt *o, const config_setting_t *s, void *base,
+		 char *why, size_t whylen)
+{
+	if (cfg_want_string(s, "a string", why, whylen) < 0)
+		return -1;
+	const char *v = config_setting_get_string(s);
+	size_t n = strlen(v);
+	if (n == 0 && o->min == 0) {
+		*CFG_DST(o, base, char *) = xstrdup(v);
+		return 0;
+	}
+	if (n < (size_t)o->min || n > (size_t)o->max)
+		return cfg_why(why, whylen, "must be %lld to %lld bytes long",
+			       (long long)(o->min ? o->min : 1),
+			       (long long)o->max);
+	if (!problem_uri_ok(v, why, whylen))
+		return -1;
+	*CFG_DST(o, base, char *) = xstrdup(v);
 	return 0;
 }
 

@@ -59,6 +59,7 @@ struct http_front {
 	bool watch_started;
 	pthread_t watchdog;
 	growbuf timeout_answer; /* a whole 408 response, written by the watchdog */
+	config *timeout_cfg;    /* what it was rendered with (a reference) */
 	bool on_sched;         /* o.sched runs the daemon (start succeeded) */
 };
 
@@ -127,11 +128,51 @@ static void slot_expire(http_front *f, conn_slot *s)
 		 "waiting_for=%s", s->phase == PH_HEAD ? "head" : "body");
 }
 
+static void render_timeout_answer(growbuf *out, const config *cfg)
+{
+	problem_links links = {cfg->problem_type_base, cfg->problem_doc_url};
+	growbuf body = {0}, link = {0};
+	problem_render(&body, &links, 408, "request_timeout",
+		       "the request head or body did not arrive within "
+		       "request_head_timeout or request_body_timeout",
+		       NULL, (problem_facts){0});
+	growbuf_printf(out,
+		       "HTTP/1.1 408 Request Timeout\r\n"
+		       "Connection: close\r\n"
+		       "Content-Type: " PROBLEM_CONTENT_TYPE "\r\n"
+		       "Content-Length: %zu\r\n",
+		       body.len);
+	/* The URL was checked at load: URI characters only. */
+	if (problem_link_header(&links, &link))
+		growbuf_printf(out, "Link: %s\r\n", link.data);
+	growbuf_puts(out, "\r\n");
+	growbuf_append(out, body.data, body.len);
+	growbuf_free(&body);
+	growbuf_free(&link);
+}
+
+/* The watchdog's 408 is rendered again when the configuration in force
+ * is another one (its type and Link follow a reload). The reference held
+ * keeps a compared address from being reused. Called with f->mu held. */
+static void timeout_answer_follow(http_front *f)
+{
+	config *cfg = f->o.get_config(f->o.arg);
+	if (cfg == f->timeout_cfg) {
+		config_unref(cfg);
+		return;
+	}
+	config_unref(f->timeout_cfg);
+	f->timeout_cfg = cfg;
+	growbuf_reset(&f->timeout_answer);
+	render_timeout_answer(&f->timeout_answer, cfg);
+}
+
 static void *watchdog_main(void *arg)
 {
 	http_front *f = arg;
 	pthread_mutex_lock(&f->mu);
 	while (!f->watch_stop) {
+		timeout_answer_follow(f);
 		double now = mono_ms();
 		for (conn_slot *s = f->slots; s; s = s->next)
 			if (s->phase != PH_NONE && !atomic_load(&s->expired) &&
@@ -195,23 +236,6 @@ static void on_connection(void *cls, struct MHD_Connection *conn,
 	pthread_mutex_unlock(&f->mu);
 	free(s);
 	*socket_ctx = NULL;
-}
-
-static void render_timeout_answer(growbuf *out)
-{
-	growbuf body = {0};
-	problem_render(&body, 408, "request_timeout",
-		       "the request head or body did not arrive within "
-		       "request_head_timeout or request_body_timeout",
-		       NULL);
-	growbuf_printf(out,
-		       "HTTP/1.1 408 Request Timeout\r\n"
-		       "Connection: close\r\n"
-		       "Content-Type: " PROBLEM_CONTENT_TYPE "\r\n"
-		       "Content-Length: %zu\r\n\r\n",
-		       body.len);
-	growbuf_append(out, body.data, body.len);
-	growbuf_free(&body);
 }
 
 /* MHD hands the handler a decoded path without the query; the raw request
@@ -573,6 +597,7 @@ static void front_free(http_front *f)
 	pthread_cond_destroy(&f->cv);
 	pthread_mutex_destroy(&f->mu);
 	growbuf_free(&f->timeout_answer);
+	config_unref(f->timeout_cfg);
 	free(f);
 }
 
@@ -621,7 +646,6 @@ static http_front *front_new(const front_opts *o)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&f->cv, &ca);
 	pthread_condattr_destroy(&ca);
-	render_timeout_answer(&f->timeout_answer);
 	return f;
 }
 

@@ -768,6 +768,29 @@ static void outcome_unrecorded(job *j, const route_cfg *r, enum record_end end)
 		decide_retry_after_s(r->lease_ms));
 }
 
+/* The request was sent and no complete answer came back: the record stays
+ * processing. With on_unknown = hold a retry with the same key can never
+ * run it again (it waits for the lease, then is held for an operator);
+ * with release_after_lease a retry after the lease runs it again, so the
+ * client is told to find out first, never to retry. */
+static void outcome_unknown(job *j, const route_cfg *r)
+{
+	bool hold = r->on_unknown_hold;
+	reply_problem_state(
+		j, 504, "upstream_outcome_unknown",
+		hold ? "the request was sent upstream but no complete answer "
+		       "came back; a retry with the same key is never sent "
+		       "again (on_unknown hold): it waits for the lease, "
+		       "then is held until an operator settles the key"
+		     : "the request was sent upstream but no complete answer "
+		       "came back; after the lease a retry with the same key "
+		       "is executed again (on_unknown release_after_lease): "
+		       "find out whether it took effect before retrying",
+		decide_retry_after_s(r->lease_ms),
+		(problem_facts){PROBLEM_UNKNOWN, hold ? PROBLEM_RETRY_SAME_KEY
+						      : PROBLEM_DO_NOT_RETRY});
+}
+
 /* Too little of the attempt's lease is left for the whole upstream call:
  * nothing is sent, the key is released (fenced by the attempt's token) so
  * that a retry goes at once, and the client is told to retry. */
@@ -830,10 +853,7 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		j->outcome = "outcome_unknown";
 		log_warn("upstream outcome unknown", "request_id=%s key=%s %s",
 			 j->request_id, p->key, resp.error);
-		reply_problem(j, 504, "upstream_outcome_unknown",
-			      "the request was sent upstream but no complete "
-			      "answer came back; retry with the same key",
-			      decide_retry_after_s(r->lease_ms));
+		outcome_unknown(j, r);
 	}
 	upstream_resp_free(&resp);
 }
@@ -867,18 +887,25 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 
 /* The claim of a waiting duplicate failed: it is answered 503, never
  * forwarded unprotected (the attempt it waits for is in flight) and never
- * left hanging. */
+ * left hanging. What is known of the key: in flight if its claim said so
+ * just now, nothing sure once it was woken (the record changed: it may
+ * have completed). Either way a retry with the same key cannot run it
+ * twice. */
 static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
-			 const char *err)
+			 const char *err, bool woken)
 {
 	metrics_set_store_up(!store_outage(w->st));
 	log_warn("store error while waiting", "request_id=%s %s", j->request_id,
 		 err);
 	j->outcome = "store_unavailable";
-	reply_problem(j, 503, "idempotency_store_unavailable",
-		      "the idempotency store cannot be reached; retry later "
-		      "with the same key",
-		      decide_retry_after_s(r->retry_after_ms));
+	reply_problem_state(
+		j, 503, "idempotency_store_unavailable",
+		"the idempotency store cannot be reached while an "
+		"earlier request with this key is in flight or "
+		"just ended; retry later with the same key",
+		decide_retry_after_s(r->retry_after_ms),
+		(problem_facts){woken ? PROBLEM_UNKNOWN : PROBLEM_IN_PROGRESS,
+				PROBLEM_RETRY_SAME_KEY});
 }
 
 /* Once per request: may it wait, and for how long. */
@@ -945,7 +972,7 @@ static enum wait_step wait_in_flight(proxy_worker *w, job *j,
 	metrics_observe_store_ms(ms);
 	if (rc) {
 		leave_wait(w, j, "store_unavailable");
-		store_refuse(w, j, r, err);
+		store_refuse(w, j, r, err, false);
 		return WAIT_ANSWERED;
 	}
 	uint8_t scope[WAKE_SCOPE_LEN];
@@ -1053,11 +1080,13 @@ static void claimed_held(proxy_worker *w, job *j, const route_cfg *r)
 {
 	leave_wait(w, j, "held");
 	j->outcome = "in_flight";
-	reply_problem(j, 409, "idempotency_key_in_use",
-		      "the outcome of an earlier attempt with this key is "
-		      "unknown and the key is held until an operator "
-		      "releases it",
-		      decide_retry_after_s(r->retry_after_ms));
+	reply_problem_state(
+		j, 409, "idempotency_key_in_use",
+		"the outcome of an earlier attempt with this key "
+		"is unknown and the key is held until an "
+		"operator releases it",
+		decide_retry_after_s(r->retry_after_ms),
+		(problem_facts){PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY});
 }
 
 /* CLAIM_MISMATCH: the key was used with another payload. */
@@ -1080,7 +1109,7 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 	int rc = claim_key(w, j, r, p, &c, err, sizeof err);
 	if (rc && j->wait_since_ms > 0) {
 		leave_wait(w, j, "store_unavailable");
-		store_refuse(w, j, r, err);
+		store_refuse(w, j, r, err, true);
 		return false;
 	}
 	if (rc) {

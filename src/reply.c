@@ -12,10 +12,21 @@
 void reply_problem(job *j, int status, const char *code, const char *detail,
 		   int64_t retry_after_s)
 {
+	reply_problem_state(j, status, code, detail, retry_after_s,
+			    (problem_facts){0});
+}
+
+void reply_problem_state(job *j, int status, const char *code,
+			 const char *detail, int64_t retry_after_s,
+			 problem_facts f)
+{
+	problem_links links = {j->cfg->problem_type_base,
+			       j->cfg->problem_doc_url};
 	j->status = status;
 	header_list_free(&j->resp_headers);
 	growbuf_reset(&j->resp_body);
-	problem_render(&j->resp_body, status, code, detail, j->request_id);
+	problem_render(&j->resp_body, &links, status, code, detail,
+		       j->request_id, f);
 	header_list_add(&j->resp_headers, "Content-Type", 12,
 			PROBLEM_CONTENT_TYPE, strlen(PROBLEM_CONTENT_TYPE));
 	if (retry_after_s > 0) {
@@ -24,6 +35,11 @@ void reply_problem(job *j, int status, const char *code, const char *detail,
 		header_list_add(&j->resp_headers, "Retry-After", 11, v,
 				(size_t)n);
 	}
+	growbuf link = {0};
+	if (problem_link_header(&links, &link))
+		header_list_add(&j->resp_headers, "Link", 4, link.data,
+				link.len);
+	growbuf_free(&link);
 }
 
 void reply_contract(job *j)

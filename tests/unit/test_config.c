@@ -1044,6 +1044,38 @@ static void test_split_listen(void **state)
 	assert_string_equal(why, "host too long");
 }
 
+/* ---- problem links ---------------------------------------------------- */
+
+static void test_problem_links(void **state)
+{
+	(void)state;
+	config *c = load_text(ROUTE_A);
+	assert_non_null(c);
+	assert_string_equal(c->problem_type_base, "urn:idemproxy:problem:");
+	assert_string_equal(c->problem_doc_url, "");
+	config_unref(c);
+	c = load_text(
+		"problem_type_base = \"https://docs.example.com/p/\";\n"
+		"problem_doc_url = \"https://docs.example.com/p\";\n" ROUTE_A);
+	assert_non_null(c);
+	assert_string_equal(c->problem_type_base,
+			    "https://docs.example.com/p/");
+	assert_string_equal(c->problem_doc_url, "https://docs.example.com/p");
+	config_unref(c);
+	assert_error("problem_type_base = \"\";\n" ROUTE_A, 1,
+		     "problem_type_base: must be 1 to 512 bytes long");
+	assert_error("problem_type_base = \"docs.example.com/\";\n" ROUTE_A, 1,
+		     "problem_type_base: must be an absolute URI");
+	assert_error("problem_doc_url = \"https://x/\\\"a\";\n" ROUTE_A, 1,
+		     "problem_doc_url: byte 11 (0x22) may not appear in a URI");
+	assert_error("problem_doc_url = \"https://x/a\\r\\nX: y\";\n" ROUTE_A,
+		     1, "problem_doc_url: byte 12 (0x0d)");
+	assert_error("problem_doc_url = \"https://x/<a>\";\n" ROUTE_A, 1,
+		     "(0x3c) may not appear in a URI");
+	assert_error("problem_doc_url = 3;\n" ROUTE_A, 1,
+		     "problem_doc_url: must be a string");
+}
+
 /* ---- reload rules ---------------------------------------------------- */
 
 typedef struct rule_seen {
@@ -1160,6 +1192,7 @@ int main(void)
 		T(test_print_routes),
 		T(test_refcount),
 		T(test_split_listen),
+		T(test_problem_links),
 		T(test_every_setting_has_a_reload_rule),
 		T(test_worker_model_removed),
 		T(test_restart_changes_name_what_differs_from_the_running),

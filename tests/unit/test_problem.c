@@ -17,7 +17,8 @@ static json_t *render(int status, const char *code, const char *detail,
 	growbuf b = { 0 };
 	json_error_t err;
 
-	problem_render(&b, status, code, detail, request_id);
+	problem_render(&b, NULL, status, code, detail, request_id,
+		       (problem_facts){0});
 	assert_non_null(b.data);
 	assert_int_equal(strlen(b.data), b.len);
 	for (size_t i = 0; i < b.len; i++)
@@ -53,7 +54,9 @@ static void test_fields(void **state)
 	json_t *st = json_object_get(j, "status");
 	assert_true(json_is_integer(st));
 	assert_int_equal(json_integer_value(st), 400);
-	assert_int_equal(json_object_size(j), 6);
+	assert_string_equal(str(j, "operation_state"), "not_executed");
+	assert_string_equal(str(j, "client_action"), "fix_request");
+	assert_int_equal(json_object_size(j), 8);
 	json_decref(j);
 }
 
@@ -65,7 +68,7 @@ static void test_optional_fields(void **state)
 	/* No detail: the title stands in, so the field is always present. */
 	assert_string_equal(str(j, "detail"), problem_title("overloaded"));
 	assert_int_equal(json_integer_value(json_object_get(j, "status")), 503);
-	assert_int_equal(json_object_size(j), 5);
+	assert_int_equal(json_object_size(j), 7);
 	json_decref(j);
 }
 
@@ -114,7 +117,8 @@ static void test_appends(void **state)
 
 	(void)state;
 	growbuf_puts(&b, "PREFIX");
-	problem_render(&b, 404, "route_not_found", "no route", NULL);
+	problem_render(&b, NULL, 404, "route_not_found", "no route", NULL,
+		       (problem_facts){0});
 	assert_memory_equal(b.data, "PREFIX{", 7);
 	assert_int_equal(b.data[b.len - 1], '}');
 	growbuf_free(&b);
@@ -139,6 +143,12 @@ static void test_titles(void **state)
 		"idempotency_outcome_unrecorded",
 		"overloaded",
 		"upstream_outcome_unknown",
+		"credentials_invalid",
+		"upstream_response_too_large",
+		"idempotency_record_unreadable",
+		"shutting_down",
+		"request_timeout",
+		"attempt_in_flight",
 		"admin_unauthorized",
 		"not_found",
 		"method_not_allowed",
@@ -174,9 +184,106 @@ static void test_unknown_code(void **state)
 	assert_string_equal(str(j, "title"), problem_title("weird\"code"));
 	json_decref(j);
 
+	/* A code not in the table claims nothing it cannot know. */
+	assert_string_equal(str(j, "operation_state"), "unknown");
+	assert_string_equal(str(j, "client_action"), "do_not_retry");
+	json_decref(j);
+
 	j = render(500, NULL, NULL, NULL);
 	assert_string_equal(str(j, "code"), "internal_error");
 	json_decref(j);
+}
+
+/* The call site's facts win over the code's defaults, each on its own. */
+static void test_facts(void **state)
+{
+	(void)state;
+	growbuf b = { 0 };
+	problem_render(&b, NULL, 409, "idempotency_key_in_use", "held", NULL,
+		       (problem_facts){ PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY });
+	json_t *j = json_loadb(b.data, b.len, 0, NULL);
+	assert_non_null(j);
+	assert_string_equal(str(j, "operation_state"), "unknown");
+	assert_string_equal(str(j, "client_action"), "do_not_retry");
+	json_decref(j);
+	growbuf_free(&b);
+
+	j = render(409, "idempotency_key_in_use", NULL, NULL);
+	assert_string_equal(str(j, "operation_state"), "in_progress");
+	assert_string_equal(str(j, "client_action"), "retry_same_key");
+	json_decref(j);
+
+	problem_facts f = problem_facts_of(
+		"upstream_outcome_unknown",
+		(problem_facts){ PROBLEM_STATE_OF_CODE,
+				 PROBLEM_RETRY_SAME_KEY });
+	assert_int_equal(f.state, PROBLEM_UNKNOWN);
+	assert_int_equal(f.action, PROBLEM_RETRY_SAME_KEY);
+	f = problem_facts_of("idempotency_key_mismatch", (problem_facts){ 0 });
+	assert_int_equal(f.state, PROBLEM_NOT_EXECUTED);
+	assert_int_equal(f.action, PROBLEM_RETRY_NEW_KEY);
+}
+
+static void test_links(void **state)
+{
+	(void)state;
+	problem_links l = { "https://docs.example.com/problems/",
+			    "https://docs.example.com/problems" };
+	growbuf b = { 0 }, link = { 0 };
+	problem_render(&b, &l, 503, "overloaded", NULL, NULL,
+		       (problem_facts){ 0 });
+	json_t *j = json_loadb(b.data, b.len, 0, NULL);
+	assert_non_null(j);
+	assert_string_equal(str(j, "type"),
+			    "https://docs.example.com/problems/overloaded");
+	json_decref(j);
+	assert_true(problem_link_header(&l, &link));
+	assert_string_equal(link.data, "<https://docs.example.com/problems>; "
+				       "rel=\"describedby\"");
+	growbuf_free(&link);
+	growbuf_free(&b);
+	problem_links none = { NULL, "" };
+	assert_false(problem_link_header(&none, &link));
+	assert_false(problem_link_header(NULL, &link));
+	assert_null(link.data);
+}
+
+static void test_uri_check(void **state)
+{
+	static const char *good[] = {
+		"urn:idemproxy:problem:",
+		"https://docs.example.com/problems/",
+		"https://x.example/p?code=",
+		"https://x.example/a%20b#",
+		"tag:example.com,2026:problem:",
+	};
+	static const char *bad[] = {
+		"",
+		"docs.example.com/problems/",
+		"/problems/",
+		"1http://x/",
+		"https://x/\"quoted\"",
+		"https://x/a b",
+		"https://x/<a>",
+		"https://x/\r\nSet-Cookie: a=b",
+		"https://x/\x01",
+		"https://x/caf\xc3\xa9",
+		"https://x/%zz",
+		"https://x/%4",
+		"https://x/back\\slash",
+	};
+	char why[256];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+		if (!problem_uri_ok(good[i], why, sizeof why))
+			fail_msg("%s refused: %s", good[i], why);
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		why[0] = '\0';
+		if (problem_uri_ok(bad[i], why, sizeof why))
+			fail_msg("%s accepted", bad[i]);
+		assert_true(strlen(why) > 0);
+	}
 }
 
 int main(void)
@@ -190,6 +297,9 @@ int main(void)
 		cmocka_unit_test(test_appends),
 		cmocka_unit_test(test_titles),
 		cmocka_unit_test(test_unknown_code),
+		cmocka_unit_test(test_facts),
+		cmocka_unit_test(test_links),
+		cmocka_unit_test(test_uri_check),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
