@@ -550,8 +550,12 @@ static void add_path(const config *cfg, const route_cfg *r, json_t *paths,
 	growbuf_free(&path);
 }
 
-static json_t *problem_schema(void)
+static json_t *problem_schema(const config *cfg)
 {
+	growbuf desc = {0};
+	growbuf_puts(&desc, "RFC 9457 problem details; type is ");
+	growbuf_puts(&desc, cfg->problem_type_base);
+	growbuf_puts(&desc, "<code>");
 	json_t *props = json_pack(
 		"{s:{s:s,s:s},s:{s:s},s:{s:s,s:i,s:i},s:{s:s},s:{s:s},"
 		"s:{s:s},s:o,s:o}",
@@ -561,19 +565,20 @@ static json_t *problem_schema(void)
 		"string", "request_id", "type", "string", "operation_state",
 		ref(REF_SCHEMAS, PFX "OperationState"), "client_action",
 		ref(REF_SCHEMAS, PFX "ClientAction"));
-	return json_pack("{s:s,s:s,s:[s,s,s,s,s],s:o}", "type", "object",
-			 "description",
-			 "RFC 9457 problem details; type is "
-			 "urn:idemproxy:problem:<code>",
-			 "required", "type", "title", "status", "detail",
-			 "code", "properties", props);
+	json_t *schema = json_pack(
+		"{s:s,s:s,s:[s,s,s,s,s,s,s],s:o}", "type", "object",
+		"description", desc.data, "required", "type", "title", "status",
+		"detail", "code", "operation_state", "client_action",
+		"properties", props);
+	growbuf_free(&desc);
+	return schema;
 }
 
 static json_t *components(const config *cfg, json_t *responses)
 {
 	json_t *schemas = json_pack(
 		"{s:o,s:{s:s,s:s,s:[s,s,s,s]},s:{s:s,s:s,s:[s,s,s,s]}}",
-		PFX "Problem", problem_schema(), PFX "OperationState", "type",
+		PFX "Problem", problem_schema(cfg), PFX "OperationState", "type",
 		"string", "description",
 		"What the proxy knows of the operation", "enum", "not_executed",
 		"in_progress", "unknown", "completed", PFX "ClientAction",

@@ -361,4 +361,4 @@ def test_the_documentation_holds_what_the_binary_prints():
     m = re.search(r"<!-- contract of conf/idemproxy.conf -->\n```json\n(.*?)```\n", page, re.S)
     assert m, "doc/contract.md has no marked copy of the example's contract"
     assert m.group(1) == contract_of(EXAMPLE), \
-        "doc/contract.md differs from `idemproxy -c conf/idemproxy.conf --contract`"
+        "doc/contract.md differs from `idemproxy -c conf/idemproxy.conf --contract`: run scripts/contract-doc.py"
