@@ -671,8 +671,8 @@ def test_admin_actions_are_logged_without_the_token(proxy, stub):
 
 # --- logs --------------------------------------------------------------------
 
-REQUEST_FIELDS = ["time", "level", "msg", "request_id", "route", "method", "path", "tenant",
-                  "key", "outcome", "status", "attempt", "upstream_ms", "store_ms",
+REQUEST_FIELDS = ["time", "level", "msg", "request_id", "trace_id", "route", "method", "path",
+                  "tenant", "key", "outcome", "status", "attempt", "upstream_ms", "store_ms",
                   "total_ms"]
 
 
@@ -763,8 +763,10 @@ def test_request_line_has_the_spec_fields_text(make_proxy, stub):
     lines = [l for l in proxy.log().splitlines() if re.match(r"\S+ info  request ", l)]
     assert len(lines) == 1, proxy.log()
     fields = dict(kv.split("=", 1) for kv in lines[0].split()[3:])
-    assert list(fields) == ["id", "route", "method", "path", "tenant", "key", "outcome",
-                            "status", "attempt", "upstream_ms", "store_ms", "total_ms"]
+    assert list(fields) == ["id", "trace_id", "route", "method", "path", "tenant", "key",
+                            "outcome", "status", "attempt", "upstream_ms", "store_ms",
+                            "total_ms"]
+    assert fields["trace_id"] == "-"  # no traceparent
     assert fields["id"] == rid
     assert (fields["route"], fields["method"], fields["path"], fields["tenant"],
             fields["key"], fields["outcome"], fields["status"], fields["attempt"]) == \
