@@ -994,6 +994,10 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 	j->has_fp = true;
 	uint8_t owner[STORE_TOKEN_LEN];
 	store_new_token(owner);
+	_Static_assert(TRACE_ID_LEN == STORE_TRACE_LEN, "a trace id's bytes");
+	uint8_t trace[TRACE_ID_LEN];
+	if (j->trace_id[0])
+		trace_ctx_id_bytes(j->trace_id, trace);
 	claim_req req = {
 		.tenant = p->tenant,
 		.operation = r->name,
@@ -1003,6 +1007,7 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 		.ttl_ms = r->ttl_ms,
 		.hold_on_unknown = r->on_unknown_hold,
 		.owner = owner,
+		.trace_id = j->trace_id[0] ? trace : NULL,
 	};
 	if (w->cache) {
 		/* Before the store: an operator's forget from now on

@@ -403,7 +403,8 @@ def test_get_a_completed_record(proxy, stub, pg):
     assert list(doc) == ["tenant", "operation", "key", "state", "attempt", "request_hash",
                          "owner_token", "lease_until", "created_at", "updated_at",
                          "expires_at", "expired", "hold_on_unknown", "response_status",
-                         "response_headers", "response_body", "replayable", "sealed_with"]
+                         "response_headers", "response_body", "replayable", "trace_id",
+                         "sealed_with"]
     assert doc["tenant"] == "default"
     assert doc["operation"] == "create_payment"
     assert doc["key"] == key
@@ -423,6 +424,7 @@ def test_get_a_completed_record(proxy, stub, pg):
         == r.headers["Location"]
     assert base64.b64decode(doc["response_body"]) == r.content
     assert doc["replayable"] is True
+    assert doc["trace_id"] is None  # the request sent no traceparent
     assert doc["sealed_with"] is None  # store_encryption is off
     assert admin(proxy, "HEAD", "default", "create_payment", key).status_code == 200
 
