@@ -11,6 +11,7 @@
 
 #include "config.h"
 #include "http_msg.h"
+#include "trace_ctx.h"
 #include "util.h"
 
 typedef struct job {
@@ -25,6 +26,9 @@ typedef struct job {
 	growbuf body;
 	char client_ip[64];
 	char request_id[64];
+	/* the valid traceparent's trace id (trace_ctx.h), "" when none;
+	 * hex by construction, so it is logged as it is */
+	char trace_id[TRACE_ID_HEX + 1];
 	double t_start_ms;
 
 	/* what the proxy decided about it, once planned (decide.h) */
@@ -62,6 +66,8 @@ typedef struct job {
 } job;
 
 job *job_new(config *cfg);
+/* trace_id for a log line: "-" when the request has none. */
+const char *job_trace_id(const job *j);
 void job_free(job *j);
 
 #endif

@@ -78,6 +78,10 @@ typedef struct log_request {
 	double upstream_ms;
 	double store_ms;
 	double total_ms;
+	/* the valid traceparent's trace id (trace_ctx.h: hex by
+	 * construction), or NULL; last, so positional initialisers of
+	 * the fields above stay as they were */
+	const char *trace_id;
 } log_request;
 
 void log_request_line(const log_request *r);

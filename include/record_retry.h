@@ -22,6 +22,7 @@ typedef struct record_retry record_retry;
  * plaintext does not wait here); everything is copied. */
 typedef struct record_retry_item {
 	const char *request_id;
+	const char *trace_id;  /* "" or NULL when none */
 	const record_key *key;
 	bool complete;         /* complete (else release) */
 	int status;

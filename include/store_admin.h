@@ -48,6 +48,8 @@ typedef struct admin_record {
 	size_t response_headers_len;
 	const char *response_body_b64;
 	int replayable;        /* 1, 0, or -1 when not recorded */
+	const char *trace_id;  /* hex: the trace of the first attempt (NULL:
+				  none) */
 	void *res;             /* the PGresult */
 } admin_record;
 

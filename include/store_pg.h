@@ -15,6 +15,8 @@
 #include "wake.h"
 
 #define STORE_TOKEN_LEN 16
+/* A W3C trace id's bytes (trace_ctx.h: TRACE_ID_LEN). */
+#define STORE_TRACE_LEN 16
 
 typedef struct store store;
 
@@ -73,6 +75,9 @@ typedef struct claim_req {
 	 * token that finds the key processing under it carries on as that
 	 * attempt (same decision, same attempt number). */
 	const uint8_t *owner;
+	/* STORE_TRACE_LEN bytes: the trace id of the request's valid
+	 * traceparent, stored with a new record; NULL: none (SQL NULL). */
+	const uint8_t *trace_id;
 } claim_req;
 
 typedef struct claim_result {

@@ -310,6 +310,7 @@ static json_t *record_json(const admin_record *r)
 	json_object_set_new(o, "replayable",
 			    r->replayable < 0 ? json_null()
 					      : json_boolean(r->replayable));
+	json_object_set_new(o, "trace_id", jstr(r->trace_id));
 	/* The admin API does not open sealed records: whoever holds the admin
 	 * token sees what a reader of the table sees, and no more. */
 	char kid[SEAL_ID_MAX + 1];

@@ -307,6 +307,7 @@ static job *start_job(req_ctx *c, const char *method, const char *version)
 		snprintf(j->request_id, sizeof j->request_id, "%s%08lx",
 			 f->id_prefix,
 			 (unsigned long)atomic_fetch_add(&f->next_id, 1));
+	(void)trace_ctx_of_headers(&j->req_headers, j->trace_id);
 	return j;
 }
 

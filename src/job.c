@@ -30,3 +30,8 @@ void job_free(job *j)
 	free(j->plan);
 	free(j);
 }
+
+const char *job_trace_id(const job *j)
+{
+	return j->trace_id[0] ? j->trace_id : "-";
+}

@@ -667,6 +667,7 @@ void log_request_json(growbuf *b, const log_request *r, const char *ts)
 	json_escaped(b, ts, strlen(ts));
 	growbuf_puts(b, "\",\"level\":\"info\",\"msg\":\"request\"");
 	json_str_field(b, "request_id", r->request_id);
+	json_str_field(b, "trace_id", r->trace_id);
 	json_str_field(b, "route", r->route);
 	json_str_field(b, "method", r->method);
 	json_str_field(b, "path", r->path);
@@ -697,6 +698,7 @@ void log_request_line(const log_request *r)
 		/* Client-chosen values are quoted: a key cannot add fields. */
 		growbuf f = {0};
 		log_field(&f, "id", r->request_id);
+		log_field(&f, "trace_id", r->trace_id);
 		log_field(&f, "route", r->route);
 		log_field(&f, "method", r->method);
 		log_field(&f, "path", r->path);

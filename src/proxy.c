@@ -361,8 +361,8 @@ static void replay_body(job *j, const char *body, size_t body_len)
 			return;
 		}
 		log_warn("stored response not decoded; replayed in its coding",
-			 "request_id=%s coding=%s %s", j->request_id, ce.data,
-			 d.err);
+			 "request_id=%s trace_id=%s coding=%s %s",
+			 j->request_id, job_trace_id(j), ce.data, d.err);
 	}
 	growbuf_free(&ce);
 	growbuf_append(&j->resp_body, body, body_len);
@@ -457,8 +457,8 @@ static void respond_unreadable(job *j, const request_plan *p, const char *why)
 	j->outcome = "record_unreadable";
 	metrics_event("record_unreadable");
 	log_error("stored record cannot be read; not replayed",
-		  "request_id=%s route=%s key=%s %s", j->request_id,
-		  p->route->name, p->key, why);
+		  "request_id=%s trace_id=%s route=%s key=%s %s", j->request_id,
+		  job_trace_id(j), p->route->name, p->key, why);
 	reply_problem(j, 500, "idempotency_record_unreadable",
 		      "the response stored for this key cannot be read; it is "
 		      "not replayed and the request was not forwarded again",
@@ -551,6 +551,7 @@ static void defer_record(proxy_worker *w, const job *j, const record_key *k,
 	bool complete = what == REC_COMPLETE;
 	record_retry_item it = {
 		.request_id = j->request_id,
+		.trace_id = j->trace_id,
 		.key = k,
 		.complete = complete,
 		.status = complete ? status : 0,
@@ -565,8 +566,8 @@ static void defer_record(proxy_worker *w, const job *j, const record_key *k,
 	metrics_event("record_deferred");
 	log_warn("could not record the outcome; retrying in the background "
 		 "until the lease ends",
-		 "request_id=%s route=%s key=%s %s", j->request_id,
-		 k->operation, j->key, err);
+		 "request_id=%s trace_id=%s route=%s key=%s %s", j->request_id,
+		 job_trace_id(j), k->operation, j->key, err);
 	record_retry_add(w->retry, &it);
 }
 
@@ -645,8 +646,10 @@ static int record_again(proxy_worker *w, const job *j, const request_plan *p,
 		if (rc == 0) {
 			metrics_event("record_retried");
 			log_info("outcome recorded after the store came back",
-				 "request_id=%s route=%s key=%s tries=%d",
-				 j->request_id, p->route->name, p->key, tries);
+				 "request_id=%s trace_id=%s route=%s key=%s "
+				 "tries=%d",
+				 j->request_id, job_trace_id(j), p->route->name,
+				 p->key, tries);
 			return 0;
 		}
 		backoff = backoff * 2 > RECORD_AGAIN_MAX_MS
@@ -669,8 +672,8 @@ static void record_lost(proxy_worker *w, const job *j, const request_plan *p,
 	metrics_event("record_failed");
 	log_error("could not record the outcome; the record stays "
 		  "processing until its lease ends",
-		  "request_id=%s route=%s key=%s write=%s %s", j->request_id,
-		  p->route->name, j->key,
+		  "request_id=%s trace_id=%s route=%s key=%s write=%s %s",
+		  j->request_id, job_trace_id(j), p->route->name, j->key,
 		  what == REC_COMPLETE ? "complete" : "release", err);
 }
 
@@ -693,8 +696,8 @@ record_settled(proxy_worker *w, job *j, const request_plan *p,
 		metrics_event("record_fenced");
 		log_warn("attempt lost its lease to another attempt; outcome "
 			 "not recorded",
-			 "request_id=%s route=%s key=%s", j->request_id,
-			 r->name, j->key);
+			 "request_id=%s trace_id=%s route=%s key=%s",
+			 j->request_id, job_trace_id(j), r->name, j->key);
 		return RECORD_FENCED;
 	}
 	if (what == REC_COMPLETE && o->replayable)
@@ -732,8 +735,9 @@ static enum record_end record(proxy_worker *w, job *j, const request_plan *p,
 	if (rc && what == REC_COMPLETE) {
 		log_warn("could not record the outcome; trying again while "
 			 "the client waits",
-			 "request_id=%s route=%s key=%s %s", j->request_id,
-			 p->route->name, j->key, err);
+			 "request_id=%s trace_id=%s route=%s key=%s %s",
+			 j->request_id, job_trace_id(j), p->route->name, j->key,
+			 err);
 		rc = record_again(w, j, p, k, resp->status, &o, lease_end_ms,
 				  &o.fenced, err, sizeof err);
 		metrics_set_store_up(rc == 0 || !store_outage(w->st));
@@ -805,9 +809,9 @@ static void lease_too_short(proxy_worker *w, job *j, const request_plan *p,
 	log_warn(
 		"too little of the attempt's lease left to send; released, "
 		"nothing sent",
-		"request_id=%s route=%s key=%s lease_left_ms=%.0f "
+		"request_id=%s trace_id=%s route=%s key=%s lease_left_ms=%.0f "
 		"needed_ms=%lld",
-		j->request_id, r->name, p->key, left_ms,
+		j->request_id, job_trace_id(j), r->name, p->key, left_ms,
 		(long long)(r->upstream_timeout_ms + route_lease_margin_ms(r)));
 	j->outcome = "lease_expired";
 	reply_problem(j, 503, "idempotency_lease_expired",
@@ -851,8 +855,9 @@ static void forward_owned(proxy_worker *w, job *j, const route_cfg *r,
 		reply_problem(j, 502, "upstream_unavailable", resp.error, 0);
 	} else {
 		j->outcome = "outcome_unknown";
-		log_warn("upstream outcome unknown", "request_id=%s key=%s %s",
-			 j->request_id, p->key, resp.error);
+		log_warn("upstream outcome unknown",
+			 "request_id=%s trace_id=%s key=%s %s", j->request_id,
+			 job_trace_id(j), p->key, resp.error);
 		outcome_unknown(j, r);
 	}
 	upstream_resp_free(&resp);
@@ -868,10 +873,11 @@ static void store_down(proxy_worker *w, job *j, const route_cfg *r,
 	bool outage = store_outage(w->st);
 	metrics_set_store_up(!outage);
 	if (outage)
-		log_debug("store unavailable", "request_id=%s %s",
-			  j->request_id, err);
+		log_debug("store unavailable", "request_id=%s trace_id=%s %s",
+			  j->request_id, job_trace_id(j), err);
 	else
-		log_warn("store error", "request_id=%s %s", j->request_id, err);
+		log_warn("store error", "request_id=%s trace_id=%s %s",
+			 j->request_id, job_trace_id(j), err);
 	if (outage && j->cfg->db_unavailable_forward) {
 		metrics_event("forwarded_unprotected");
 		forward_unprotected(w, j, r);
@@ -895,8 +901,8 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 			 const char *err, bool woken)
 {
 	metrics_set_store_up(!store_outage(w->st));
-	log_warn("store error while waiting", "request_id=%s %s", j->request_id,
-		 err);
+	log_warn("store error while waiting", "request_id=%s trace_id=%s %s",
+		 j->request_id, job_trace_id(j), err);
 	j->outcome = "store_unavailable";
 	reply_problem_state(
 		j, 503, "idempotency_store_unavailable",
@@ -1015,6 +1021,10 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 	j->has_fp = true;
 	uint8_t owner[STORE_TOKEN_LEN];
 	store_new_token(owner);
+	_Static_assert(TRACE_ID_LEN == STORE_TRACE_LEN, "a trace id's bytes");
+	uint8_t trace[TRACE_ID_LEN];
+	if (j->trace_id[0])
+		trace_ctx_id_bytes(j->trace_id, trace);
 	claim_req req = {
 		.tenant = p->tenant,
 		.operation = r->name,
@@ -1024,6 +1034,7 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 		.ttl_ms = r->ttl_ms,
 		.hold_on_unknown = r->on_unknown_hold,
 		.owner = owner,
+		.trace_id = j->trace_id[0] ? trace : NULL,
 	};
 	if (w->cache) {
 		/* Before the store: an operator's forget from now on

@@ -2,12 +2,14 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "log.h"
 #include "metrics.h"
+#include "trace_ctx.h"
 
 /* Backoff between tries of one record: short at first (a restarting
  * database is usually back within a second), capped so that a record is
@@ -18,6 +20,7 @@
 typedef struct pending {
 	struct pending *next;
 	char *request_id, *tenant, *operation, *key;
+	char trace_id[TRACE_ID_HEX + 1]; /* "-" when none */
 	uint8_t owner[STORE_TOKEN_LEN];
 	bool complete;
 	int status;
@@ -72,9 +75,10 @@ static void give_up(const pending *p, const char *why)
 	metrics_event("record_failed");
 	log_error("could not record the outcome; the record stays processing "
 		  "and the lease rules apply",
-		  "request_id=%s route=%s key=%s write=%s tries=%d %s",
-		  p->request_id, p->operation, p->key, what_of(p), p->tries,
-		  why);
+		  "request_id=%s trace_id=%s route=%s key=%s write=%s tries=%d "
+		  "%s",
+		  p->request_id, p->trace_id, p->operation, p->key, what_of(p),
+		  p->tries, why);
 }
 
 /* One try. True when p is settled (written or fenced) and can go. */
@@ -97,14 +101,15 @@ static bool try_one(record_retry *rr, pending *p, char *err, size_t errlen)
 		metrics_event("record_fenced");
 		log_warn("attempt lost its lease to another attempt; outcome "
 			 "not recorded",
-			 "request_id=%s route=%s key=%s", p->request_id,
-			 p->operation, p->key);
+			 "request_id=%s trace_id=%s route=%s key=%s",
+			 p->request_id, p->trace_id, p->operation, p->key);
 		return true;
 	}
 	metrics_event("record_retried");
 	log_info("outcome recorded after the store came back",
-		 "request_id=%s route=%s key=%s write=%s tries=%d",
-		 p->request_id, p->operation, p->key, what_of(p), p->tries);
+		 "request_id=%s trace_id=%s route=%s key=%s write=%s tries=%d",
+		 p->request_id, p->trace_id, p->operation, p->key, what_of(p),
+		 p->tries);
 	return true;
 }
 
@@ -231,6 +236,8 @@ void record_retry_add(record_retry *rr, const record_retry_item *it)
 {
 	pending *p = xcalloc(1, sizeof *p);
 	p->request_id = xstrdup(it->request_id ? it->request_id : "");
+	snprintf(p->trace_id, sizeof p->trace_id, "%s",
+		 it->trace_id && it->trace_id[0] ? it->trace_id : "-");
 	p->tenant = xstrdup(it->key->tenant);
 	p->operation = xstrdup(it->key->operation);
 	p->key = xstrdup(it->key->key);

@@ -72,6 +72,7 @@ void reply_account(job *j)
 	path[j->target ? n : 0] = '\0';
 	log_request r = {
 		.request_id = j->request_id,
+		.trace_id = j->trace_id[0] ? j->trace_id : NULL,
 		.route = j->route_name,
 		.method = j->method,
 		.path = path,

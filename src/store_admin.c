@@ -94,7 +94,7 @@ static const char get_sql[] =
 	", expires_at <= now(), hold_on_unknown, response_status, "
 	"encode(response_headers, 'hex'), "
 	"translate(encode(response_body, 'base64'), "
-	"E'\\n', ''), replayable "
+	"E'\\n', ''), replayable, encode(trace_id, 'hex') "
 	"FROM idempotency_records "
 	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3";
 
@@ -166,6 +166,7 @@ int store_admin_get(store_admin *s, const char *tenant, const char *operation,
 	out->response_headers = unhex(col(r, 14), &out->response_headers_len);
 	out->response_body_b64 = col(r, 15);
 	out->replayable = PQgetisnull(r, 0, 16) ? -1 : col_true(r, 16);
+	out->trace_id = col(r, 17);
 	return 0;
 }
 

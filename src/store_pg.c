@@ -14,12 +14,12 @@
 #include "wake.h"
 
 const stmt_def store_stmts[] = {
-	{"claim", 8,
+	{"claim", 9,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
-	  OID_UUID},
+	  OID_UUID, OID_BYTEA},
 	 "SELECT o_decision, o_owner, o_attempt, o_lease_ms, o_status, "
 	 "o_headers, o_body, o_replayable, o_expires_ms "
-	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8)"},
+	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)"},
 	/* A late answer may still be recorded after the reaper released the
 	 * record, as long as no other attempt took it over (owner unchanged):
 	 * it is the truth about the one attempt that was sent. It changes no
@@ -194,32 +194,32 @@ const stmt_def store_stmts[] = {
 	 * instructions a claim and its record cost the server, callgrind).
 	 * On Citus the function call alone, delegated to the tenant's
 	 * worker, stays one round trip. */
-	{"claim_new", 8,
+	{"claim_new", 9,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
-	  OID_UUID},
+	  OID_UUID, OID_BYTEA},
 	 "INSERT INTO idempotency_records (tenant, operation, idem_key, "
 	 "request_hash, state, owner_token, attempt, lease_until, "
-	 "hold_on_unknown, created_at, updated_at, expires_at) "
+	 "hold_on_unknown, created_at, updated_at, expires_at, trace_id) "
 	 "VALUES ($1, $2, $3, $4, 'processing', $8, 1, "
 	 "now() + $5 * interval '1 millisecond', $7, now(), now(), "
-	 "now() + greatest($6, $5) * interval '1 millisecond') "
+	 "now() + greatest($6, $5) * interval '1 millisecond', $9) "
 	 "ON CONFLICT DO NOTHING"},
 	/* claim_new for many first attempts at once (store_batch.h), its
 	 * parameters as arrays, one element per attempt: one statement and
 	 * one commit for them all. The rows inserted come back by their owner
 	 * tokens (each attempt's own); an attempt whose key exists gets none,
 	 * and idem_claim decides for it as after claim_new. */
-	{"claim_many", 8,
+	{"claim_many", 9,
 	 {OID_TEXT_ARR, OID_TEXT_ARR, OID_TEXT_ARR, OID_BYTEA_ARR, OID_INT8_ARR,
-	  OID_INT8_ARR, OID_BOOL_ARR, OID_UUID_ARR},
+	  OID_INT8_ARR, OID_BOOL_ARR, OID_UUID_ARR, OID_BYTEA_ARR},
 	 "INSERT INTO idempotency_records (tenant, operation, idem_key, "
 	 "request_hash, state, owner_token, attempt, lease_until, "
-	 "hold_on_unknown, created_at, updated_at, expires_at) "
+	 "hold_on_unknown, created_at, updated_at, expires_at, trace_id) "
 	 "SELECT t, o, k, h, 'processing', w, 1, "
 	 "now() + l * interval '1 millisecond', hd, now(), now(), "
-	 "now() + greatest(ttl, l) * interval '1 millisecond' "
-	 "FROM unnest($1, $2, $3, $4, $5, $6, $7, $8) "
-	 "AS u(t, o, k, h, l, ttl, hd, w) "
+	 "now() + greatest(ttl, l) * interval '1 millisecond', tr "
+	 "FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9) "
+	 "AS u(t, o, k, h, l, ttl, hd, w, tr) "
 	 "ON CONFLICT DO NOTHING RETURNING owner_token"},
 	/* complete for many attempts at once, likewise: the rows written come
 	 * back by their owner tokens, with their waiters' marks. The join is
@@ -405,9 +405,9 @@ void store_claim_fresh(const claim_req *req, claim_result *out)
 /* A claim's parameters, as claim_new and idem_claim take them. */
 typedef struct claim_params {
 	char lease[8], ttl[8], hold;
-	const char *vals[8];
-	int lens[8];
-	int fmts[8];
+	const char *vals[9];
+	int lens[9];
+	int fmts[9];
 } claim_params;
 
 static void claim_params_of(const claim_req *req, claim_params *p)
@@ -415,11 +415,12 @@ static void claim_params_of(const claim_req *req, claim_params *p)
 	put_i64(p->lease, req->lease_ms);
 	put_i64(p->ttl, req->ttl_ms);
 	p->hold = req->hold_on_unknown ? 1 : 0;
-	const char *vals[8] = {req->tenant, req->operation, req->key,
+	const char *vals[9] = {req->tenant, req->operation, req->key,
 			       (const char *)req->hash, p->lease, p->ttl,
-			       &p->hold, (const char *)req->owner};
-	int lens[8] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN};
-	int fmts[8] = {0, 0, 0, 1, 1, 1, 1, 1};
+			       &p->hold, (const char *)req->owner,
+			       (const char *)req->trace_id};
+	int lens[9] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN, STORE_TRACE_LEN};
+	int fmts[9] = {0, 0, 0, 1, 1, 1, 1, 1, 1};
 	memcpy(p->vals, vals, sizeof vals);
 	memcpy(p->lens, lens, sizeof lens);
 	memcpy(p->fmts, fmts, sizeof fmts);

@@ -73,9 +73,10 @@ static int claim_many_once(store *s, const claim_req *const *reqs, int n,
 	memset(inserted, 0, (size_t)n * sizeof *inserted);
 	if (store_ensure(s, err, errlen))
 		return -1;
-	static const Oid types[8] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA,
-				     OID_INT8, OID_INT8, OID_BOOL, OID_UUID};
-	for (int c = 0; c < 8; c++)
+	static const Oid types[9] = {OID_TEXT,  OID_TEXT, OID_TEXT,
+				     OID_BYTEA, OID_INT8, OID_INT8,
+				     OID_BOOL,  OID_UUID, OID_BYTEA};
+	for (int c = 0; c < 9; c++)
 		arr_start(&s->arr[c], types[c], n);
 	const uint8_t *owners[STORE_MANY_MAX];
 	for (int i = 0; i < n; i++) {
@@ -91,6 +92,8 @@ static int claim_many_once(store *s, const claim_req *const *reqs, int n,
 		arr_add(&s->arr[5], ttl, 8);
 		arr_add(&s->arr[6], &hold, 1);
 		arr_add(&s->arr[7], q->owner, STORE_TOKEN_LEN);
+		arr_add(&s->arr[8], q->trace_id,
+			q->trace_id ? STORE_TRACE_LEN : -1);
 		owners[i] = q->owner;
 	}
 	PGresult *r = run_arrays(s, ST_CLAIM_MANY);

@@ -395,10 +395,11 @@ bool waiters_admit(waiters *w, job *j, const char *tenant)
 	if (!why)
 		return true;
 	metrics_wait_outcome(j->route_name, why);
-	log_info("duplicate not held: too many waiting", "request_id=%s "
+	log_info("duplicate not held: too many waiting",
+		 "request_id=%s trace_id=%s "
 		 "route=%s outcome=%s max_waiters=%d "
-		 "max_waiters_per_tenant=%d", j->request_id, j->route_name, why,
-		 max, per);
+		 "max_waiters_per_tenant=%d",
+		 j->request_id, job_trace_id(j), j->route_name, why, max, per);
 	return false;
 }
 
@@ -420,8 +421,10 @@ void waiters_leave(waiters *w, job *j, const char *outcome)
 	double waited = mono_ms() - j->wait_since_ms;
 	metrics_observe_wait_ms(waited);
 	metrics_wait_outcome(j->route_name, outcome);
-	log_info("duplicate done waiting", "request_id=%s route=%s outcome=%s "
-		 "waited_ms=%.1f", j->request_id, j->route_name, outcome,
+	log_info("duplicate done waiting",
+		 "request_id=%s trace_id=%s route=%s outcome=%s "
+		 "waited_ms=%.1f",
+		 j->request_id, job_trace_id(j), j->route_name, outcome,
 		 waited);
 }
 

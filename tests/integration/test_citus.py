@@ -84,11 +84,16 @@ def test_migrate_distributes_the_records_and_the_claim(make_proxy, pg):
                       "FROM citus_tables WHERE table_name = 'idempotency_records'::regclass")
     assert tables == [{"distribution_column": "tenant", "citus_table_type": "distributed",
                        "shard_count": 32}]
-    funcs = pg.query("SELECT distribution_argument_index AS arg, o.colocationid = p.colocationid "
-                     "AS colocated FROM pg_dist_object o, pg_dist_partition p "
-                     "WHERE o.objid = 'idem_claim'::regproc "
-                     "AND p.logicalrelid = 'idempotency_records'::regclass")
-    assert funcs == [{"arg": 0, "colocated": True}]
+    # Both overloads: the one the proxy calls, and the one instances of the
+    # previous version call during a rolling upgrade (sql/013_trace_id.sql).
+    funcs = pg.query("SELECT f.pronargs AS nargs, o.distribution_argument_index AS arg, "
+                     "o.colocationid = p.colocationid AS colocated "
+                     "FROM pg_proc f JOIN pg_dist_object o "
+                     "ON o.classid = 'pg_proc'::regclass AND o.objid = f.oid, "
+                     "pg_dist_partition p WHERE f.proname = 'idem_claim' "
+                     "AND p.logicalrelid = 'idempotency_records'::regclass ORDER BY 1")
+    assert funcs == [{"nargs": 8, "arg": 0, "colocated": True},
+                     {"nargs": 9, "arg": 0, "colocated": True}]
 
 
 def test_migrate_twice_changes_nothing(make_proxy, pg):

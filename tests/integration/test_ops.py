@@ -403,7 +403,8 @@ def test_get_a_completed_record(proxy, stub, pg):
     assert list(doc) == ["tenant", "operation", "key", "state", "attempt", "request_hash",
                          "owner_token", "lease_until", "created_at", "updated_at",
                          "expires_at", "expired", "hold_on_unknown", "response_status",
-                         "response_headers", "response_body", "replayable", "sealed_with"]
+                         "response_headers", "response_body", "replayable", "trace_id",
+                         "sealed_with"]
     assert doc["tenant"] == "default"
     assert doc["operation"] == "create_payment"
     assert doc["key"] == key
@@ -423,6 +424,7 @@ def test_get_a_completed_record(proxy, stub, pg):
         == r.headers["Location"]
     assert base64.b64decode(doc["response_body"]) == r.content
     assert doc["replayable"] is True
+    assert doc["trace_id"] is None  # the request sent no traceparent
     assert doc["sealed_with"] is None  # store_encryption is off
     assert admin(proxy, "HEAD", "default", "create_payment", key).status_code == 200
 
@@ -671,8 +673,8 @@ def test_admin_actions_are_logged_without_the_token(proxy, stub):
 
 # --- logs --------------------------------------------------------------------
 
-REQUEST_FIELDS = ["time", "level", "msg", "request_id", "route", "method", "path", "tenant",
-                  "key", "outcome", "status", "attempt", "upstream_ms", "store_ms",
+REQUEST_FIELDS = ["time", "level", "msg", "request_id", "trace_id", "route", "method", "path",
+                  "tenant", "key", "outcome", "status", "attempt", "upstream_ms", "store_ms",
                   "total_ms"]
 
 
@@ -763,8 +765,10 @@ def test_request_line_has_the_spec_fields_text(make_proxy, stub):
     lines = [l for l in proxy.log().splitlines() if re.match(r"\S+ info  request ", l)]
     assert len(lines) == 1, proxy.log()
     fields = dict(kv.split("=", 1) for kv in lines[0].split()[3:])
-    assert list(fields) == ["id", "route", "method", "path", "tenant", "key", "outcome",
-                            "status", "attempt", "upstream_ms", "store_ms", "total_ms"]
+    assert list(fields) == ["id", "trace_id", "route", "method", "path", "tenant", "key",
+                            "outcome", "status", "attempt", "upstream_ms", "store_ms",
+                            "total_ms"]
+    assert fields["trace_id"] == "-"  # no traceparent
     assert fields["id"] == rid
     assert (fields["route"], fields["method"], fields["path"], fields["tenant"],
             fields["key"], fields["outcome"], fields["status"], fields["attempt"]) == \

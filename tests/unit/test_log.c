@@ -91,6 +91,7 @@ static char *reference_line(const log_request *r, const char *ts)
 	json_object_set_new(o, "level", json_string("info"));
 	json_object_set_new(o, "msg", json_string("request"));
 	ref_str(o, "request_id", r->request_id);
+	ref_str(o, "trace_id", r->trace_id);
 	ref_str(o, "route", r->route);
 	ref_str(o, "method", r->method);
 	ref_str(o, "path", r->path);
@@ -133,7 +134,7 @@ static void test_request_line_fixed(void **state)
 	(void)state;
 	log_request r = {"abc123", "create_payment", "POST", "/v1/payments",
 			 "default", "k-1", "forwarded", 201, 1,
-			 8.5071, 2.0, 11.4669};
+			 8.5071, 2.0, 11.4669, NULL};
 	same_as_reference(&r);
 	const char *odd[] = {
 		"", "a\"b\\c/d", "\b\f\n\r\t\x01\x1f\x7f", "caf\xc3\xa9",
@@ -145,6 +146,7 @@ static void test_request_line_fixed(void **state)
 		r.key = odd[i];
 		r.path = odd[(i + 3) % (sizeof odd / sizeof odd[0])];
 		r.tenant = i % 2 ? NULL : odd[i];
+		r.trace_id = i % 3 ? NULL : "4bf92f3577b34da6a3ce929d0e0e4736";
 		same_as_reference(&r);
 	}
 	double ms[] = {0, 0.0004, 0.0005, 1, 10, 123.456789, 1e9, 1.5e10,
@@ -195,7 +197,9 @@ static void test_request_line_random(void **state)
 				 rand() % 1000, rand() % 20,
 				 (double)rand() / RAND_MAX * scale,
 				 (double)rand() / RAND_MAX,
-				 (double)rand() * scale};
+				 (double)rand() * scale,
+				 rand() % 2 ? NULL
+					    : "0af7651916cd43dd8448eb211c80319c"};
 		same_as_reference(&r);
 	}
 }
