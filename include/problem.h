@@ -17,5 +17,13 @@ const char *problem_title(const char *code);
  * request_id, when not NULL, is added as "request_id". */
 void problem_render(growbuf *out, int status, const char *code,
 		    const char *detail, const char *request_id);
+/* The same, with the RFC 9457 extension members "operation_state"
+ * (not_executed, in_progress, unknown, completed) and "client_action"
+ * (retry_same_key, retry_new_key, fix_request, do_not_retry) when not
+ * NULL. */
+void problem_render_state(growbuf *out, int status, const char *code,
+			  const char *detail, const char *request_id,
+			  const char *operation_state,
+			  const char *client_action);
 
 #endif

@@ -46,6 +46,16 @@ static const struct problem_def problems[] = {
 	{ "not_found", "Not found" },
 	{ "method_not_allowed", "Method not allowed" },
 	{ "internal_error", "Internal error" },
+	{ "idempotency_operation_completed",
+	  "The operation for this Idempotency-Key was completed" },
+	{ "invalid_parameter", "Invalid query parameter" },
+	{ "resolve_invalid", "Invalid resolve request" },
+	{ "resolve_header_invalid", "Invalid response header" },
+	{ "resolve_header_hop_by_hop", "Hop-by-hop response header" },
+	{ "resolve_attempt_stale",
+	  "The record is no longer at the attempt given" },
+	{ "resolve_not_pending", "The record has no outcome to settle" },
+	{ "resolve_route_unknown", "No route for this operation" },
 };
 
 #define GENERIC_TITLE "Error"
@@ -92,6 +102,14 @@ static int append_cb(const char *data, size_t size, void *arg)
 void problem_render(growbuf *out, int status, const char *code,
 		    const char *detail, const char *request_id)
 {
+	problem_render_state(out, status, code, detail, request_id, NULL, NULL);
+}
+
+void problem_render_state(growbuf *out, int status, const char *code,
+			  const char *detail, const char *request_id,
+			  const char *operation_state,
+			  const char *client_action)
+{
 	const char *c = code ? code : "internal_error";
 	const char *title = problem_title(c);
 	growbuf type = { 0 };
@@ -107,6 +125,10 @@ void problem_render(growbuf *out, int status, const char *code,
 	set_str(obj, "code", c);
 	if (request_id != NULL)
 		set_str(obj, "request_id", request_id);
+	if (operation_state != NULL)
+		set_str(obj, "operation_state", operation_state);
+	if (client_action != NULL)
+		set_str(obj, "client_action", client_action);
 	ALWAYS_ASSERT(json_dump_callback(obj, append_cb, out, JSON_COMPACT |
 					 JSON_PRESERVE_ORDER) == 0);
 	json_decref(obj);
