@@ -14,7 +14,7 @@ import requests
 from psycopg import sql as psql
 
 from conftest import ADMIN_TOKEN
-from helpers import TIMEOUT, assert_problem, is_replay, log_entries, new_key
+from helpers import TIMEOUT, assert_problem, is_replay, log_entries, new_key, wait_until
 from store_support import insert_record, metrics, pay
 
 AUTH = {"Authorization": "Bearer " + ADMIN_TOKEN}
@@ -491,3 +491,26 @@ def test_resolve_bounds_the_body(make_proxy, stub, pg):
     assert pg.record(key)["state"] == "processing"
     ok = {"attempt": 1, "response": {"status": 201, "body": "x" * 1024}}
     assert resolve(proxy, key, ok).status_code == 200
+
+
+def test_held_keys_have_their_own_gauges(make_proxy, stub, pg):
+    """idemproxy_held_records and idemproxy_oldest_held_age_seconds count
+    the held records apart (the processing gauges count them too)."""
+    proxy = make_proxy(route_overrides=HOLD, top={"reaper": {"interval": "200ms"}})
+    insert_record(pg, new_key(), age="interval '30 seconds'")  # a live attempt
+    held = new_key()
+    insert_record(pg, held, hold=True, lease="now() - interval '1 second'",
+                  age="interval '300 seconds'")
+
+    def gauges():
+        m = metrics(proxy)
+        return (m["idemproxy_processing_records"], m["idemproxy_held_records"],
+                m["idemproxy_oldest_processing_age_seconds"],
+                m["idemproxy_oldest_held_age_seconds"])
+    wait_until(lambda: gauges()[:2] == (2, 1), what="2 processing, 1 held")
+    _, _, oldest, oldest_held = gauges()
+    assert 300 <= oldest < 3600 and 300 <= oldest_held < 3600
+    assert resolve(proxy, held, {"attempt": 1, "outcome": "executed"}).status_code == 200
+    wait_until(lambda: gauges()[:2] == (1, 0), what="1 processing, none held")
+    _, _, oldest, oldest_held = gauges()
+    assert 30 <= oldest < 300 and oldest_held == 0

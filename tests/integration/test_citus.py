@@ -469,10 +469,10 @@ def test_migration_008_on_a_distributed_store(make_proxy, stub, pg, pg_cluster):
 def test_the_key_listing_and_resolve_on_a_distributed_store(make_proxy, stub, pg,
                                                              pg_cluster):
     """GET /admin/keys merges the shards' walks in one order and pages
-    across them; a held key on a worker is settled with its response and
-    replayed from there."""
+    across them; the reaper counts every shard's held rows apart; a held
+    key on a worker is settled with its response and replayed from there."""
     hold = {"hooks": {"on_unknown": "hold", "lease": "2s", "upstream_timeout": "1s"}}
-    proxy = make_proxy(route_overrides=hold)
+    proxy = make_proxy(route_overrides=hold, top={"reaper": {"interval": "200ms"}})
     auth = {"Authorization": "Bearer " + ADMIN_TOKEN}
     tenants = list(tenants_on_each_worker(pg, pg_cluster).values())
     want = set()
@@ -498,6 +498,11 @@ def test_the_key_listing_and_resolve_on_a_distributed_store(make_proxy, stub, pg
             cursor = r.json()["next_cursor"]
             if not cursor:
                 return seen
+    # every shard's held rows, counted apart in the reaper's gauges
+    wait_until(lambda: (metrics(proxy).get("idemproxy_held_records"),
+                        metrics(proxy).get("idemproxy_processing_records"))
+               == (len(want), 2 * len(want)), what="the held gauges of every shard")
+    assert metrics(proxy)["idemproxy_oldest_held_age_seconds"] >= 7200
     oldest = page_all("oldest")
     assert len(oldest) == len(set(oldest)) and set(oldest) == want
     assert oldest == sorted(oldest)  # one created_at: by tenant, then key

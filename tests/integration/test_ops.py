@@ -98,6 +98,8 @@ SPEC_METRICS = {
     "idemproxy_reaper_purged_total": ("counter", set()),
     "idemproxy_processing_records": ("gauge", set()),
     "idemproxy_oldest_processing_age_seconds": ("gauge", set()),
+    "idemproxy_held_records": ("gauge", set()),
+    "idemproxy_oldest_held_age_seconds": ("gauge", set()),
     "idemproxy_store_up": ("gauge", set()),
 }
 
