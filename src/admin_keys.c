@@ -184,8 +184,7 @@ static int parse_limit(const char *v, int *out)
 {
 	char *end;
 	long n = strtol(v, &end, 10);
-	if (!*v || *end || v[0] == '+' || v[0] == '-' || n < 1 ||
-	    n > ADMIN_LIST_MAX)
+	if (*v < '0' || *v > '9' || *end || n < 1 || n > ADMIN_LIST_MAX)
 		return -1;
 	*out = (int)n;
 	return 0;

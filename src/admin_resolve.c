@@ -25,7 +25,8 @@
 typedef struct resolve_in {
 	int attempt; /* > 0; 0 when fenced by owner_token */
 	char owner_token[40];
-	bool executed; /* "executed, no answer to give" */
+	bool executed;    /* "executed, no answer to give" */
+	const char *kind; /* "response" or "executed" once valid; NULL */
 	int status;
 	header_list headers;
 	growbuf body;
@@ -271,6 +272,7 @@ static int parse_request(resolve_in *in, const char *body, size_t len,
 	else
 		rc = resp ? parse_response(in, resp, max_stored) : 0;
 	in->executed = outcome != NULL;
+	in->kind = rc ? NULL : outcome ? "executed" : "response";
 	json_decref(doc);
 	return rc;
 }
@@ -355,8 +357,8 @@ static void audit(const char *who, const char *const part[3],
 		log_field(&b, "attempt", n);
 	else if (in->owner_token[0])
 		log_field(&b, "owner_token", in->owner_token);
-	log_field(&b, "outcome", in->executed ? "executed" : "response");
-	if (!in->executed && in->status)
+	log_field(&b, "outcome", in->kind);
+	if (in->kind && !in->executed)
 		log_field(&b, "status", st);
 	log_field(&b, "result", result);
 	if (in->code)

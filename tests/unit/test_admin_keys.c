@@ -1,8 +1,8 @@
-#include <cmocka.h>
-#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <setjmp.h>
 #include <stdint.h>
+#include <cmocka.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -106,7 +106,8 @@ static void test_bad_parameters_name_themselves(void **state)
 		{"order", "up", "order"},    {"older_than", "5", "older_than"},
 		{"tenant", "", "tenant"},    {"route", "a\tb", "route"},
 		{"cursor", "x", "cursor"},   {"colour", "blue", "colour"},
-		{"state", NULL, "state"},
+		{"state", NULL, "state"},    {"limit", " 5", "limit"},
+		{"limit", "+5", "limit"},
 	};
 	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
 		assert_int_equal(parse(&a, err, bad[i].k, bad[i].v, NULL), -1);
