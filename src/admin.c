@@ -562,10 +562,13 @@ static enum MHD_Result keys_resolve(admin *a, struct MHD_Connection *conn,
 				 "use /admin/keys/{tenant}/{operation}/{key}/"
 				 "resolve, each segment percent-encoded "
 				 "printable ASCII");
-	else if (rq->body_over)
+	else if (rq->body_over) {
+		log_action(who, "POST", &k, "too_large");
+		metrics_event("admin_resolve_refused");
 		answer = problem(conn, 413, "request_too_large",
 				 "the request body is larger than a stored "
 				 "response may be (max_stored_response)");
+	}
 	else {
 		admin_answer ans = {0};
 		const char *const part[3] = {k.part[0], k.part[1], k.part[2]};

@@ -489,6 +489,10 @@ def test_resolve_bounds_the_body(make_proxy, stub, pg):
     huge = {"attempt": 1, "response": {"status": 201, "body": "x" * 200000}}
     assert_problem(resolve(proxy, key, huge), 413, "request_too_large")
     assert pg.record(key)["state"] == "processing"
+    lines = [e["detail"] for e in log_entries(proxy) if e["msg"] == "admin action"]
+    assert any("key=%s result=too_large" % key in l for l in lines)  # not read whole
+    assert any("key=%s attempt=1 outcome=- result=invalid" % key in l for l in lines)
+    assert metrics(proxy)['idemproxy_events_total{event="admin_resolve_refused"}'] == 2
     ok = {"attempt": 1, "response": {"status": 201, "body": "x" * 1024}}
     assert resolve(proxy, key, ok).status_code == 200
 
