@@ -28,6 +28,8 @@ void metrics_observe_request_ms(double ms);
 void metrics_observe_store_ms(double ms);
 void metrics_observe_upstream_ms(double ms);
 void metrics_set_processing(int64_t count, double oldest_age_s);
+/* Of those, the held ones (on_unknown hold, lease ended). */
+void metrics_set_held(int64_t count, double oldest_age_s);
 void metrics_set_store_up(bool up);
 /* What idemproxy_store_up shows: the last store call succeeded. */
 bool metrics_store_is_up(void);

@@ -76,5 +76,4 @@ bool problem_link_header(const problem_links *links, growbuf *out);
  * or a Link header: no space, quote, angle bracket or control byte. On
  * false the reason is in why. */
 bool problem_uri_ok(const char *s, char *why, size_t whylen);
-
 #endif

@@ -83,4 +83,122 @@ int store_admin_delete(store_admin *s, const char *tenant,
 		       admin_delete_result *out, char *err,
 		       size_t errlen) MUST_CHECK;
 
+/* ---- The key listing (GET /admin/keys) ------------------------------- */
+
+/* A call walks at most this many records of the created_at index
+ * (sql/014_admin_key_listing.sql) from its cursor, whatever its filters
+ * match: its cost is bounded, and a page may come back short (even
+ * empty) with a cursor to go on from. */
+#define ADMIN_LIST_WALK 10000
+
+enum admin_list_state {
+	ADMIN_LIST_ANY,
+	ADMIN_LIST_PROCESSING, /* processing, not held */
+	ADMIN_LIST_HELD,       /* processing, on_unknown hold, lease ended */
+	ADMIN_LIST_RELEASED,
+	ADMIN_LIST_COMPLETED,
+};
+
+/* A place in the walk: created_at (RFC 3339, UTC, microseconds), tenant,
+ * operation, key. */
+typedef struct admin_list_pos {
+	const char *v[4];
+} admin_list_pos;
+
+typedef struct admin_list_req {
+	enum admin_list_state state;
+	const char *tenant;          /* NULL: any */
+	const char *operation;       /* NULL: any */
+	int64_t older_than_ms;       /* < 0: any age */
+	int limit;                   /* 1 .. ADMIN_LIST_WALK - 1 */
+	bool newest;                 /* newest first (else oldest first) */
+	const admin_list_pos *after; /* NULL: from the start */
+} admin_list_req;
+
+/* One record as listed: never its request or its response. Strings point
+ * into the list's result. */
+typedef struct admin_list_row {
+	const char *tenant, *operation, *key;
+	const char *state;      /* processing, held, released, completed */
+	const char *created_at; /* RFC 3339, UTC */
+	const char *age_s;      /* seconds since created_at, "12.345" */
+	const char *outcome;    /* "2xx".."5xx", "executed", or NULL */
+	int attempt;
+	int64_t lease_left_ms; /* processing: what is left (0 when ended);
+				  else -1 */
+	bool hold_on_unknown;
+	bool expired;
+} admin_list_row;
+
+typedef struct admin_list {
+	admin_list_row *rows;
+	size_t n;
+	bool more;           /* next holds where the next page starts */
+	admin_list_pos next; /* the last record this page covered */
+	int walked;          /* records the walk read */
+	void *res;
+} admin_list;
+
+/* The listing's statement for q into sql (a new buffer) and its
+ * parameters into vals (older holds one of them); returns their count.
+ * For the tests that EXPLAIN it. */
+int store_admin_list_sql(const admin_list_req *q, growbuf *sql,
+			 const char *vals[8], char older[24]);
+
+/* 0, or -1 on a store failure (err filled). */
+int store_admin_list(store_admin *s, const admin_list_req *q, admin_list *out,
+		     char *err, size_t errlen) MUST_CHECK;
+void store_admin_list_clear(admin_list *l);
+
+/* ---- Settling a key (POST .../resolve) ------------------------------- */
+
+typedef struct admin_resolve_req {
+	const char *tenant, *operation, *key;
+	int attempt;             /* > 0: the fence is this attempt number */
+	const char *owner_token; /* else this owner token (uuid text) */
+	/* The outcome, with status 0 for "executed, no answer to give". */
+	int status;
+	const char *headers; /* stored form ("Name: value\r\n" lines, maybe
+				sealed); NULL with status 0 */
+	size_t headers_len;
+	const char *body; /* NULL: none */
+	size_t body_len;
+	const char *seal_key;     /* the key that sealed them, or NULL */
+	const char *request_hash; /* the record's, as read: 32 bytes */
+} admin_resolve_req;
+
+enum admin_resolve_end {
+	ADMIN_RES_DONE,       /* completed with the outcome given */
+	ADMIN_RES_ABSENT,     /* no such record */
+	ADMIN_RES_STALE,      /* another attempt holds the record now */
+	ADMIN_RES_IN_FLIGHT,  /* the attempt's lease is alive */
+	ADMIN_RES_NOT_PENDING /* completed or released: nothing to settle */
+};
+
+/* The record a resolve would settle: found, its state, attempt, owner,
+ * whether its lease is alive, and its request hash (32 bytes), which a
+ * sealed outcome is bound to. */
+typedef struct admin_pending {
+	bool found;
+	char state[16];
+	int attempt;
+	char owner_token[40];
+	bool lease_alive;
+	uint8_t request_hash[32];
+} admin_pending;
+
+/* Reads what admin_pending shows. 0, or -1 on a store failure. */
+int store_admin_pending(store_admin *s, const char *tenant,
+			const char *operation, const char *key,
+			admin_pending *out, char *err,
+			size_t errlen) MUST_CHECK;
+
+/* One UPDATE, fenced: it completes the record only while it is processing
+ * at the attempt (or owner token) and request hash given, with its lease
+ * ended. When it writes nothing, *end says why, as read right after.
+ * 0, or -1 on a store failure (err filled). */
+int store_admin_resolve(store_admin *s, const admin_resolve_req *q,
+			enum admin_resolve_end *end, admin_pending *now,
+			char *err, size_t errlen) MUST_CHECK;
+
 #endif

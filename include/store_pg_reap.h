@@ -22,13 +22,24 @@ int store_sweep_leases(store *s, int pages, int64_t *page, growbuf *held,
 		       int *released, char *err, size_t errlen) MUST_CHECK;
 int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen) MUST_CHECK;
-/* Processing rows and the oldest one's age, from since and held as the
- * walk left them; held keeps the rows still held.
+/* The processing figures: every processing row (held ones too) and the
+ * oldest one's age, and of those the held ones (on_unknown hold, lease
+ * ended) and the oldest held one's age; ages from updated_at, the start
+ * of the attempt. */
+typedef struct processing_figures {
+	int64_t count;
+	double oldest_age_s;
+	int64_t held;
+	double oldest_held_age_s;
+} processing_figures;
+
+/* The processing figures, from since and held as the walk left them;
+ * held keeps the rows still held.
  * On a distributed store (store_set_distributed) both walk every shard
  * from its own place: held is then the map of each shard's since and held
  * rows (JSON, empty at first), and since is not used. */
 int store_processing_stats(store *s, const char *since, growbuf *held,
-			   int64_t *count, double *oldest_age_s, char *err,
+			   processing_figures *fig, char *err,
 			   size_t errlen) MUST_CHECK;
 /* This process's wall clock minus the database server's, read at the
  * middle of one round trip (*offset_s), and how far off that reading may

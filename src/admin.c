@@ -17,6 +17,8 @@
 #include <sys/socket.h>
 
 #include "contract.h"
+#include "admin_keys.h"
+#include "admin_resolve.h"
 #include "decide.h"
 #include "listen_addr.h"
 #include "log.h"
@@ -50,6 +52,8 @@ struct admin {
 typedef struct admin_req {
 	char *raw;
 	bool started;
+	growbuf body;   /* the request body (resolve), bounded */
+	bool body_over; /* it was larger than the bound: not kept */
 } admin_req;
 
 /* A client-chosen path, made safe for a log line: printable ASCII only,
@@ -573,8 +577,113 @@ static enum MHD_Result contract_get(admin *a, struct MHD_Connection *conn,
 	return reply(conn, 200, CONTRACT_MEDIA_TYPE, &b, NULL, NULL);
 }
 
+static enum MHD_Result send_answer(admin *a, struct MHD_Connection *conn,
+				   admin_answer *ans)
+{
+	if (ans->type && !strcmp(ans->type, PROBLEM_CONTENT_TYPE))
+		return problem_reply(a, conn, ans->status, &ans->body,
+				     ans->extra_name, ans->extra_value);
+	return reply(conn, ans->status, ans->type, &ans->body, ans->extra_name,
+		     ans->extra_value);
+}
+
+/* An answer whose problems follow the problem settings in force. */
+static admin_answer answer_for(const config *cfg)
+{
+	return (admin_answer){
+		.links = {cfg->problem_type_base, cfg->problem_doc_url}};
+}
+
+static enum MHD_Result add_arg(void *cls, enum MHD_ValueKind kind,
+			       const char *name, const char *value)
+{
+	growbuf *args = cls;
+	if (args->len / sizeof(admin_arg) >= 64)
+		return MHD_NO;
+	admin_arg one = {name, value};
+	growbuf_append(args, &one, sizeof one);
+	return MHD_YES;
+}
+
+/* GET /admin/keys?state=&tenant=&route=&older_than=&limit=&order=&cursor= */
+static enum MHD_Result keys_list(admin *a, struct MHD_Connection *conn,
+				 const char *who, const char *method)
+{
+	if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+		return problem_with(a, conn, 405, "method_not_allowed", "use GET",
+				    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+	growbuf args = {0};
+	MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_arg, &args);
+	config *cfg = a->get_config(a->arg);
+	admin_answer ans = answer_for(cfg);
+	lock_store(a);
+	admin_keys_list(a->st, who, (const admin_arg *)args.data,
+			args.len / sizeof(admin_arg), &ans);
+	pthread_mutex_unlock(&a->mu);
+	growbuf_free(&args);
+	enum MHD_Result rc = send_answer(a, conn, &ans);
+	config_unref(cfg);
+	return rc;
+}
+
+#define RESOLVE_SUFFIX "/resolve"
+
+/* /admin/keys/{tenant}/{operation}/{key}/resolve: a key's '/' is sent as
+ * %2F, so the suffix cannot be part of it. */
+static bool resolve_path(const char *path)
+{
+	size_t n = strlen(path), plen = strlen(KEYS_PREFIX);
+	size_t sl = strlen(RESOLVE_SUFFIX);
+	return n > plen + sl && !strncmp(path, KEYS_PREFIX, plen) &&
+	       !strcmp(path + n - sl, RESOLVE_SUFFIX);
+}
+
+static enum MHD_Result keys_resolve(admin *a, struct MHD_Connection *conn,
+				    const char *who, const char *method,
+				    const char *path, admin_req *rq)
+{
+	if (strcmp(method, "POST"))
+		return problem_with(a, conn, 405, "method_not_allowed", "use POST",
+				    MHD_HTTP_HEADER_ALLOW, "POST");
+	size_t plen = strlen(KEYS_PREFIX);
+	char *rest = xstrndup(path + plen,
+			      strlen(path) - plen - strlen(RESOLVE_SUFFIX));
+	key_path k;
+	int pr = parse_key_path(rest, &k);
+	free(rest);
+	enum MHD_Result answer;
+	if (pr)
+		answer = problem(a, conn, pr == -1 ? 404 : 400,
+				 pr == -1 ? "not_found" : "bad_request",
+				 "use /admin/keys/{tenant}/{operation}/{key}/"
+				 "resolve, each segment percent-encoded "
+				 "printable ASCII");
+	else if (rq->body_over) {
+		log_action(who, "POST", &k, "too_large");
+		metrics_event("admin_resolve_refused");
+		answer = problem(a, conn, 413, "request_too_large",
+				 "the request body is larger than a stored "
+				 "response may be (max_stored_response)");
+	}
+	else {
+		const char *const part[3] = {k.part[0], k.part[1], k.part[2]};
+		config *cfg = a->get_config(a->arg);
+		admin_answer ans = answer_for(cfg);
+		lock_store(a);
+		admin_keys_resolve(a->st, cfg, who, part,
+				   rq->body.data ? rq->body.data : "",
+				   rq->body.len, &ans);
+		pthread_mutex_unlock(&a->mu);
+		answer = send_answer(a, conn, &ans);
+		config_unref(cfg);
+	}
+	key_path_free(&k);
+	return answer;
+}
+
 static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
-				   const char *method, const char *path)
+				    const char *method, const char *path,
+				    admin_req *rq)
 {
 	char who[64];
 	listen_addr_peer(conn, who, sizeof who);
@@ -583,6 +692,10 @@ static enum MHD_Result handle_admin(admin *a, struct MHD_Connection *conn,
 		return answer;
 	if (!strcmp(path, CONTRACT_PATH) || !strcmp(path, CONTRACT_RULES_PATH))
 		return contract_get(a, conn, method, path);
+	if (!strcmp(path, "/admin/keys"))
+		return keys_list(a, conn, who, method);
+	if (resolve_path(path))
+		return keys_resolve(a, conn, who, method, path, rq);
 	size_t plen = strlen(KEYS_PREFIX);
 	key_path k;
 	memset(&k, 0, sizeof k);
@@ -672,6 +785,23 @@ static enum MHD_Result handle_ready(admin *a, struct MHD_Connection *conn)
 	return reply(conn, 503, "text/plain", &b, NULL, NULL);
 }
 
+/* Only resolve takes a body: kept up to the bound of the configuration in
+ * force, and dropped (refused later) beyond it. */
+static void keep_body(admin *a, admin_req *rq, const char *data, size_t n)
+{
+	if (rq->body_over)
+		return;
+	config *cfg = a->get_config(a->arg);
+	size_t max = admin_resolve_max_request(cfg->max_stored_response);
+	config_unref(cfg);
+	if (rq->body.len + n > max) {
+		rq->body_over = true;
+		growbuf_free(&rq->body);
+		return;
+	}
+	growbuf_append(&rq->body, data, n);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 				  const char *url, const char *method,
 				  const char *version, const char *upload,
@@ -686,7 +816,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		return MHD_YES;
 	}
 	if (*upload_size) {
-		*upload_size = 0; /* no admin endpoint takes a body */
+		keep_body(a, rq, upload, *upload_size);
+		*upload_size = 0;
 		return MHD_YES;
 	}
 	/* The raw path, without the query. */
@@ -695,7 +826,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		*q = '\0';
 	const char *path = rq->raw;
 	if (!strcmp(path, "/admin") || !strncmp(path, "/admin/", 7))
-		return handle_admin(a, conn, method, path);
+		return handle_admin(a, conn, method, path, rq);
 	bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
 	bool known = !strcmp(path, "/healthz") || !strcmp(path, "/readyz") ||
 		     !strcmp(path, "/metrics");
@@ -730,6 +861,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **ctxp,
 	if (!rq)
 		return;
 	free(rq->raw);
+	growbuf_free(&rq->body);
 	free(rq);
 	*ctxp = NULL;
 }

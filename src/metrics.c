@@ -104,6 +104,8 @@ static histogram h_wait = {"idemproxy_wait_duration_seconds",
 static int64_t g_processing;
 static int g_waiters;
 static double g_oldest_age;
+static int64_t g_held;
+static double g_oldest_held_age;
 static int g_store_up;
 static bool g_clock_measured;
 static double g_clock_offset;
@@ -418,6 +420,14 @@ void metrics_set_processing(int64_t count, double oldest_age_s)
 	pthread_mutex_unlock(&mu);
 }
 
+void metrics_set_held(int64_t count, double oldest_age_s)
+{
+	pthread_mutex_lock(&mu);
+	g_held = count;
+	g_oldest_held_age = oldest_age_s;
+	pthread_mutex_unlock(&mu);
+}
+
 void metrics_set_clock_offset(double offset_s)
 {
 	pthread_mutex_lock(&mu);
@@ -665,6 +675,13 @@ static void render_set_values(growbuf *out)
 		      "Records in state processing.", (double)g_processing);
 	render_scalar(out, "idemproxy_oldest_processing_age_seconds", "gauge",
 		      "Age of the oldest processing attempt.", g_oldest_age);
+	render_scalar(out, "idemproxy_held_records", "gauge",
+		      "Processing records held for an operator (on_unknown "
+		      "hold, lease ended); counted in "
+		      "idemproxy_processing_records too.",
+		      (double)g_held);
+	render_scalar(out, "idemproxy_oldest_held_age_seconds", "gauge",
+		      "Age of the oldest held attempt.", g_oldest_held_age);
 	render_scalar(out, "idemproxy_store_up", "gauge",
 		      "1 when the last store call succeeded.",
 		      (double)g_store_up);

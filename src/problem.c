@@ -71,6 +71,18 @@ static const struct problem_def problems[] = {
 	{ "method_not_allowed", "Method not allowed", NE, FIX },
 	/* Only for a call that names no code (none does). */
 	{ "internal_error", "Internal error", UN, STOP },
+	{ "idempotency_operation_completed",
+	  "The operation for this Idempotency-Key was completed", CO, STOP },
+	/* The admin listener's own: the state is the admin action's. */
+	{ "invalid_parameter", "Invalid query parameter", NE, FIX },
+	{ "resolve_invalid", "Invalid resolve request", NE, FIX },
+	{ "resolve_header_invalid", "Invalid response header", NE, FIX },
+	{ "resolve_header_hop_by_hop", "Hop-by-hop response header", NE, FIX },
+	{ "resolve_attempt_stale",
+	  "The record is no longer at the attempt given", NE, FIX },
+	{ "resolve_not_pending", "The record has no outcome to settle", NE,
+	  STOP },
+	{ "resolve_route_unknown", "No route for this operation", NE, FIX },
 };
 
 #define GENERIC_TITLE "Error"

@@ -465,9 +465,28 @@ static void respond_unreadable(job *j, const request_plan *p, const char *why)
 		      0);
 }
 
+/* A record an operator settled as "executed, no answer to give"
+ * (POST /admin/keys/.../resolve): completed with status 0 and nothing
+ * stored. The operation happened once; there is nothing to replay and
+ * nothing may be sent again. */
+#define COMPLETED_DETAIL \
+	"the operation for this key was completed (settled by an operator); " \
+	"its response was not recorded and it must not be sent again"
+
+static void respond_completed(job *j)
+{
+	j->outcome = "operation_completed";
+	reply_problem(j, 422, "idempotency_operation_completed",
+		      COMPLETED_DETAIL, 0);
+}
+
 static void replay(proxy_worker *w, job *j, const request_plan *p,
 		   const claim_result *c)
 {
+	if (!c->replayable && c->status == 0) {
+		respond_completed(j);
+		return;
+	}
 	if (!c->replayable) {
 		j->outcome = "not_replayable";
 		reply_problem(j, 409, "idempotency_response_not_replayable",

@@ -243,15 +243,14 @@ static void pass(reaper *r, const reaper_settings *set)
 	char err[256];
 	store_set_statement_timeout(r->st, set->statement_timeout_ms);
 	int released = 0, swept = 0, purged = 0;
-	int64_t count = 0;
-	double age = 0;
+	processing_figures fig = {0};
 	if (reap(r, set->batch, &released, err, sizeof err) ||
 	    store_sweep_leases(r->st, sweep_pages(set->batch), &r->sweep_page,
 			       &r->held, &swept, err, sizeof err) ||
 	    drain(r, set->batch, store_purge_expired, &purged, err,
 		  sizeof err) ||
-	    store_processing_stats(r->st, r->since, &r->held, &count, &age,
-				   err, sizeof err)) {
+	    store_processing_stats(r->st, r->since, &r->held, &fig, err,
+				   sizeof err)) {
 		metrics_set_store_up(false);
 		if (!r->was_down)
 			log_error("reaper: store unavailable", "%s", err);
@@ -264,13 +263,14 @@ static void pass(reaper *r, const reaper_settings *set)
 	released += swept;
 	metrics_set_store_up(true);
 	metrics_reaper(released, purged);
-	metrics_set_processing(count, age);
+	metrics_set_processing(fig.count, fig.oldest_age_s);
+	metrics_set_held(fig.held, fig.oldest_held_age_s);
 	clock_pass(r);
 	seal_pass(r, set);
 	durability_pass(r, set->dur_interval_ms);
 	if (released || purged)
 		log_info("reaper pass", "released=%d purged=%d processing=%lld",
-			 released, purged, (long long)count);
+			 released, purged, (long long)fig.count);
 }
 
 static struct timespec after_ms(struct timespec t, int64_t ms)

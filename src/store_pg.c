@@ -98,20 +98,26 @@ const stmt_def store_stmts[] = {
 	 * (a range of the lease_until index), and the held rows the walk
 	 * passed ($2, by ctid: a row changed since is another version, and
 	 * what it became is in the range if it is processing again). Returns
-	 * the count, the oldest one's age and the held rows still held. */
+	 * the count, the oldest one's age, the held rows still held, and the
+	 * count and oldest age of the held ones among all (HELD_NOW). */
 	{"processing_stats", 2,
 	 {OID_TSTZ, OID_TEXT},
-	 "WITH live AS (SELECT updated_at FROM idempotency_records "
+	 "WITH live AS (SELECT updated_at, hold_on_unknown AND lease_until "
+	 "<= now() AS waiting FROM idempotency_records "
 	 "WHERE state = 'processing' AND lease_until >= $1), "
 	 "held AS (SELECT ctid, updated_at FROM idempotency_records "
 	 "WHERE ctid = ANY ($2::tid[]) AND state = 'processing' "
-	 "AND hold_on_unknown AND lease_until < $1) "
+	 "AND hold_on_unknown AND lease_until < $1), "
+	 HELD_NOW " "
 	 "SELECT ((SELECT count(*) FROM live) + "
 	 "(SELECT count(*) FROM held))::int8, "
 	 "coalesce(extract(epoch FROM now() - least("
 	 "(SELECT min(updated_at) FROM live), "
 	 "(SELECT min(updated_at) FROM held))), 0)::float8::text, "
-	 "(SELECT array(SELECT ctid FROM held))::text"},
+	 "(SELECT array(SELECT ctid FROM held))::text, "
+	 "(SELECT count(*) FROM held_all)::int8, "
+	 "coalesce(extract(epoch FROM now() - "
+	 "(SELECT min(updated_at) FROM held_all)), 0)::float8::text"},
 	/* Citus refuses a cross-shard UPDATE or DELETE driven by a
 	 * SELECT .. FOR UPDATE SKIP LOCKED: on a distributed store the reaper
 	 * sends the batch statement ($1, with %1$s for the shard) to every
@@ -133,7 +139,8 @@ const stmt_def store_stmts[] = {
 	 * to the workers in parallel (as run_command_on_shards sends them).
 	 * A shard that failed keeps its place. Returns the rows released,
 	 * whether any shard walked a full batch, the processing count, the
-	 * oldest age, the failures, the shards, the first error and the map. */
+	 * oldest age, the failures, the shards, the first error, the map, and
+	 * the held count and oldest held age (fields 8 and 9 of the stats). */
 	{"shard_walk", 2,
 	 {OID_TEXT, OID_TEXT},
 	 "WITH m AS (SELECT coalesce(nullif($2, '')::jsonb, '{}') AS m), "
@@ -162,7 +169,10 @@ const stmt_def store_stmts[] = {
 	 "min(result) FILTER (WHERE NOT success), "
 	 "coalesce(jsonb_object_agg(name, CASE WHEN success THEN "
 	 "jsonb_build_array(f[3], f[4], f[7]) ELSE (SELECT m.m -> name FROM m) END) "
-	 "FILTER (WHERE success OR (SELECT m.m ? name FROM m)), '{}')::text "
+	 "FILTER (WHERE success OR (SELECT m.m ? name FROM m)), '{}')::text, "
+	 "coalesce(sum(nullif(f[8], '')::int8) FILTER (WHERE success), 0)::int8, "
+	 "coalesce(max(nullif(f[9], '')::float8) FILTER (WHERE success), 0)"
+	 "::float8::text "
 	 "FROM r"},
 	/* A waiter marks the record it waits for; the row comes back only
 	 * while its attempt is alive, so a record that changed first is seen

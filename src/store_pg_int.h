@@ -59,6 +59,13 @@ typedef struct stmt_def {
 	"lease_until = NULL, updated_at = now() FROM due " \
 	"WHERE t.tenant = due.tenant AND t.operation = due.operation " \
 	"AND t.idem_key = due.idem_key RETURNING 1) "
+/* The held rows among the processing ones the processing figures read:
+ * those the walk passed (the CTE held) and those at or past its place
+ * whose lease ended on a hold route (the CTE live, flag waiting: the
+ * walk's place stays at its last row until a later lease ends). */
+#define HELD_NOW \
+	"held_all AS (SELECT updated_at FROM held UNION ALL " \
+	"SELECT updated_at FROM live WHERE waiting)"
 #define HELD_WALKED(LIST) \
 	"(SELECT array(SELECT DISTINCT h FROM unnest(" LIST "::tid[] || " \
 	"array(SELECT ctid FROM walk WHERE state = 'processing' " \

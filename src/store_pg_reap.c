@@ -42,17 +42,20 @@
 	"current_setting('block_size')::int8 THEN %%4$L::int8 + %d " \
 	"ELSE 0 END)"
 #define SHARD_STATS_SQL \
-	"WITH live AS (SELECT updated_at FROM %1$s " \
+	"WITH live AS (SELECT updated_at, hold_on_unknown AND lease_until " \
+	"<= now() AS waiting FROM %1$s " \
 	"WHERE state = 'processing' AND lease_until >= %2$L), " \
 	"held AS (SELECT ctid, updated_at FROM %1$s " \
 	"WHERE ctid = ANY (%3$L::tid[]) AND state = 'processing' " \
-	"AND hold_on_unknown AND lease_until < %2$L) " \
+	"AND hold_on_unknown AND lease_until < %2$L), " HELD_NOW " " \
 	"SELECT concat_ws('|', 0, 0, %2$L, " \
 	"(SELECT array(SELECT ctid FROM held))::text, " \
 	"(SELECT count(*) FROM live) + (SELECT count(*) FROM held), " \
 	"coalesce(extract(epoch FROM now() - least(" \
 	"(SELECT min(updated_at) FROM live), " \
-	"(SELECT min(updated_at) FROM held))), 0), %4$L)"
+	"(SELECT min(updated_at) FROM held))), 0), %4$L, " \
+	"(SELECT count(*) FROM held_all), coalesce(extract(epoch FROM now() - " \
+	"(SELECT min(updated_at) FROM held_all)), 0))"
 #define SHARD_PURGE_SQL \
 	"WITH doomed AS (SELECT tenant, operation, idem_key FROM %%1$s " \
 	"WHERE expires_at <= now() " \
@@ -121,8 +124,7 @@ static int shard_batch(store *s, int batch, int *n, char *err, size_t errlen,
 typedef struct shard_walk_out {
 	int released;
 	bool more;
-	int64_t count;
-	double oldest_age_s;
+	processing_figures fig;
 } shard_walk_out;
 
 /* One command on every shard from its place in map (see shard_walk); map
@@ -144,8 +146,10 @@ static int shard_walk(store *s, const char *cmd, growbuf *map,
 	}
 	out->released = atoi(PQgetvalue(r, 0, 0));
 	out->more = PQgetvalue(r, 0, 1)[0] == 't';
-	out->count = atoll(PQgetvalue(r, 0, 2));
-	out->oldest_age_s = atof(PQgetvalue(r, 0, 3));
+	out->fig.count = atoll(PQgetvalue(r, 0, 2));
+	out->fig.oldest_age_s = atof(PQgetvalue(r, 0, 3));
+	out->fig.held = atoll(PQgetvalue(r, 0, 8));
+	out->fig.oldest_held_age_s = atof(PQgetvalue(r, 0, 9));
 	growbuf_reset(map);
 	growbuf_puts(map, PQgetvalue(r, 0, 7));
 	rc = shards_failed(r, 4, err, errlen, what);
@@ -242,15 +246,14 @@ int store_purge_expired(store *s, int batch, int *purged, char *err,
 }
 
 int store_processing_stats(store *s, const char *since, growbuf *held,
-			   int64_t *count, double *oldest_age_s, char *err,
-			   size_t errlen)
+			   processing_figures *fig, char *err, size_t errlen)
 {
+	memset(fig, 0, sizeof *fig);
 	if (s->citus) {
 		shard_walk_out o;
 		int rc = shard_walk(s, SHARD_STATS_SQL, held, &o, err, errlen,
 				    "stats");
-		*count = o.count;
-		*oldest_age_s = o.oldest_age_s;
+		*fig = o.fig;
 		return rc;
 	}
 	if (store_ensure(s, err, errlen))
@@ -259,10 +262,12 @@ int store_processing_stats(store *s, const char *since, growbuf *held,
 	PGresult *r = run(s, ST_STATS, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, "stats");
 	if (!rc) {
-		*count = atoll(PQgetvalue(r, 0, 0));
-		*oldest_age_s = atof(PQgetvalue(r, 0, 1));
+		fig->count = atoll(PQgetvalue(r, 0, 0));
+		fig->oldest_age_s = atof(PQgetvalue(r, 0, 1));
 		growbuf_reset(held);
 		growbuf_puts(held, PQgetvalue(r, 0, 2));
+		fig->held = atoll(PQgetvalue(r, 0, 3));
+		fig->oldest_held_age_s = atof(PQgetvalue(r, 0, 4));
 	}
 	PQclear(r);
 	return rc;

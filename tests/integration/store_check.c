@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "admin_keys.h"
 #include "store_pg.h"
 
 #define TENANT "store-check"
@@ -441,8 +442,45 @@ static void check_repeated_claim(store *s)
 	printf("ok %s\n", current);
 }
 
+/* store_check --list-sql NAME=VALUE...: the statement GET /admin/keys
+ * sends for those query parameters, and its parameters, as JSON
+ * {"sql": ..., "params": [...]}, for the tests that EXPLAIN it. */
+static int list_sql(int argc, char **argv)
+{
+	admin_arg args[16];
+	int n = 0;
+	for (int i = 2; i < argc && n < 16; i++, n++) {
+		char *eq = strchr(argv[i], '=');
+		if (eq)
+			*eq = '\0';
+		args[n] = (admin_arg){argv[i], eq ? eq + 1 : NULL};
+	}
+	admin_list_args a;
+	char err[512], older[24];
+	if (admin_list_parse(args, (size_t)n, &a, err, sizeof err)) {
+		fprintf(stderr, "store_check: %s\n", err);
+		return 2;
+	}
+	growbuf sql;
+	const char *vals[8];
+	int k = store_admin_list_sql(&a.req, &sql, vals, older);
+	json_t *p = json_array();
+	for (int i = 0; i < k; i++)
+		json_array_append_new(p, json_string(vals[i]));
+	json_t *doc = json_pack("{s:s, s:o}", "sql", sql.data, "params", p);
+	char *out = json_dumps(doc, JSON_COMPACT);
+	printf("%s\n", out);
+	free(out);
+	json_decref(doc);
+	growbuf_free(&sql);
+	admin_list_args_free(&a);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc >= 2 && !strcmp(argv[1], "--list-sql"))
+		return list_sql(argc, argv);
 	if (argc != 2) {
 		fprintf(stderr, "usage: store_check DATABASE_URL\n");
 		return 2;

@@ -11,9 +11,10 @@ import time
 
 import psycopg
 import pytest
+import requests
 from psycopg.rows import dict_row
 
-from conftest import run_binary
+from conftest import ADMIN_TOKEN, run_binary
 from helpers import assert_problem, is_replay, new_key, wait_until
 from store_support import metrics, undo_migration_008
 
@@ -468,3 +469,65 @@ def test_migration_008_on_a_distributed_store(make_proxy, stub, pg, pg_cluster):
                     (stored(t),))
     fresh = hook(proxy, tenants[pg_cluster.workers[0].port], new_key("v8"))
     assert fresh.status_code == 201
+
+
+def test_the_key_listing_and_resolve_on_a_distributed_store(make_proxy, stub, pg,
+                                                             pg_cluster):
+    """GET /admin/keys merges the shards' walks in one order and pages
+    across them; the reaper counts every shard's held rows apart; a held
+    key on a worker is settled with its response and replayed from there."""
+    hold = {"hooks": {"on_unknown": "hold", "lease": "2s", "upstream_timeout": "1s"}}
+    proxy = make_proxy(route_overrides=hold, top={"reaper": {"interval": "200ms"}})
+    auth = {"Authorization": "Bearer " + ADMIN_TOKEN}
+    tenants = list(tenants_on_each_worker(pg, pg_cluster).values())
+    want = set()
+    for i, t in enumerate(tenants):
+        # one statement: the rows of a tenant share created_at, so the
+        # order inside a tie (tenant, operation, key) decides
+        insert_rows(pg, t, "held-%d-" % i, 3, "processing", "now() - interval '1 second'",
+                    "now() + interval '1 hour'", hold=True)
+        insert_rows(pg, t, "live-%d-" % i, 3, "processing", "now() + interval '1 hour'",
+                    "now() + interval '1 hour'")
+        want |= {(stored(t), "held-%d-%d" % (i, g)) for g in range(1, 4)}
+
+    def page_all(order):
+        seen, cursor = [], None
+        while True:
+            params = {"state": "held", "order": order, "limit": 2}
+            if cursor:
+                params["cursor"] = cursor
+            r = requests.get(proxy.admin_url + "/admin/keys", params=params, headers=auth,
+                             timeout=10)
+            assert r.status_code == 200, r.text
+            seen += [(k["tenant"], k["key"]) for k in r.json()["keys"]]
+            cursor = r.json()["next_cursor"]
+            if not cursor:
+                return seen
+    # every shard's held rows, counted apart in the reaper's gauges
+    wait_until(lambda: (metrics(proxy).get("idemproxy_held_records"),
+                        metrics(proxy).get("idemproxy_processing_records"))
+               == (len(want), 2 * len(want)), what="the held gauges of every shard")
+    assert metrics(proxy)["idemproxy_oldest_held_age_seconds"] >= 7200
+    oldest = page_all("oldest")
+    assert len(oldest) == len(set(oldest)) and set(oldest) == want
+    assert oldest == sorted(oldest)  # one created_at: by tenant, then key
+    assert page_all("newest") == list(reversed(oldest))
+
+    t = tenants[-1]
+    key = new_key("held")
+    stub.configure({"prefix": HOOKS, "key": key, "action": "reset", "times": 1})
+    assert_problem(hook(proxy, t, key), 504, "upstream_outcome_unknown")
+    pg.execute("UPDATE idempotency_records SET lease_until = now() - interval '1 second' "
+               "WHERE tenant = %s AND operation = 'hooks' AND idem_key = %s",
+               (stored(t), key))
+    url = "%s/admin/keys/%s/hooks/%s/resolve" % (
+        proxy.admin_url, requests.utils.quote(stored(t), safe=""), key)
+    r = requests.post(url, json={"attempt": 1, "response": {
+        "status": 201, "headers": {"Content-Type": "application/json"},
+        "body": '{"id": "ch_1"}'}}, headers=auth, timeout=10)
+    assert r.status_code == 200, r.text
+    again = hook(proxy, t, key)
+    assert again.status_code == 201 and is_replay(again) and again.json() == {"id": "ch_1"}
+    assert stub.count(key=key) == 1
+    assert [r["state"] for r in shard_rows(pg_cluster, pg, t)
+            if r["idem_key"] == key] == ["completed"]
