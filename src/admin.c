@@ -627,6 +627,9 @@ static enum MHD_Result keys_list(admin *a, struct MHD_Connection *conn,
 }
 
 #define RESOLVE_SUFFIX "/resolve"
+#define RESOLVE_USE                                                      \
+	"use /admin/keys/{tenant}/{operation}/{key}/resolve, each segment " \
+	"percent-encoded printable ASCII"
 
 /* /admin/keys/{tenant}/{operation}/{key}/resolve: a key's '/' is sent as
  * %2F, so the suffix cannot be part of it. */
@@ -652,12 +655,10 @@ static enum MHD_Result keys_resolve(admin *a, struct MHD_Connection *conn,
 	int pr = parse_key_path(rest, &k);
 	free(rest);
 	enum MHD_Result answer;
-	if (pr)
-		answer = problem(a, conn, pr == -1 ? 404 : 400,
-				 pr == -1 ? "not_found" : "bad_request",
-				 "use /admin/keys/{tenant}/{operation}/{key}/"
-				 "resolve, each segment percent-encoded "
-				 "printable ASCII");
+	if (pr == -1)
+		answer = problem(a, conn, 404, "not_found", RESOLVE_USE);
+	else if (pr)
+		answer = problem(a, conn, 400, "bad_request", RESOLVE_USE);
 	else if (rq->body_over) {
 		log_action(who, "POST", &k, "too_large");
 		metrics_event("admin_resolve_refused");

@@ -18,10 +18,11 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # the call) and its status (the integer literal before it).
 EMITTERS = ("reply_problem", "reply_problem_state", "problem_render", "problem",
             "problem_with", "problem_as", "problem_body", "answer", "answer_now",
-            "answer_close", "reject")
+            "answer_close", "reject", "refuse", "admin_answer_problem")
 # Calls that pass a code on rather than name one: (file, code argument).
 FORWARDERS = {("reply.c", "code"), ("admin.c", "code"), ("http_front.c", "code"),
-              ("proxy.c", "p->code")}
+              ("proxy.c", "p->code"), ("admin_resolve.c", "in->code"),
+              ("admin_keys.c", "code")}
 ABBREV = {"NE": "not_executed", "IP": "in_progress", "UN": "unknown", "CO": "completed",
           "SAME": "retry_same_key", "NEW": "retry_new_key", "FIX": "fix_request",
           "STOP": "do_not_retry"}
