@@ -18,4 +18,17 @@ const char *problem_title(const char *code);
 void problem_render(growbuf *out, int status, const char *code,
 		    const char *detail, const char *request_id);
 
+/* RFC 9457 extension members of one answer; NULL / 0 members are left
+ * out. */
+typedef struct problem_ext {
+	const char *operation_state; /* not_executed, in_progress, ... */
+	const char *client_action;   /* retry_same_key, do_not_retry, ... */
+	int original_status;         /* a tombstone's stored final status */
+} problem_ext;
+
+/* problem_render with the members of ext (NULL: none). */
+void problem_render_ext(growbuf *out, int status, const char *code,
+			const char *detail, const char *request_id,
+			const problem_ext *ext);
+
 #endif

@@ -8,11 +8,15 @@
 #include <stdint.h>
 
 #include "job.h"
+#include "problem.h"
 
 /* Fills j's response with a problem+json answer (the front end's own
  * answers and the request flow's). retry_after_s <= 0: no Retry-After. */
 void reply_problem(job *j, int status, const char *code, const char *detail,
 		   int64_t retry_after_s);
+/* reply_problem with extension members (ext may be NULL). */
+void reply_problem_ext(job *j, int status, const char *code, const char *detail,
+		       int64_t retry_after_s, const problem_ext *ext);
 
 /* Logs the request line and counts it; call once per request, last. */
 void reply_account(job *j);

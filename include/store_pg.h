@@ -58,6 +58,7 @@ enum claim_decision {
 	CLAIM_IN_FLIGHT,
 	CLAIM_HELD,       /* outcome unknown, on_unknown = hold */
 	CLAIM_MISMATCH,
+	CLAIM_EXPIRED,    /* a tombstone: the response is gone, the key kept */
 };
 
 typedef struct claim_req {
@@ -67,6 +68,7 @@ typedef struct claim_req {
 	const uint8_t *hash; /* 32 bytes */
 	int64_t lease_ms;
 	int64_t ttl_ms;
+	int64_t retain_ms; /* >= ttl_ms: how long the key is kept */
 	bool hold_on_unknown;
 	/* STORE_TOKEN_LEN bytes, from store_new_token: the attempt's owner
 	 * token if the claim gives it the key. A claim repeated with the same
@@ -82,13 +84,15 @@ typedef struct claim_result {
 	int64_t lease_left_ms;          /* IN_FLIGHT; FORWARD and TAKEOVER:
 					   this attempt's lease */
 	int64_t expires_in_ms;          /* FORWARD, TAKEOVER, REPLAY: until the
-					   record expires */
+					   response expires; EXPIRED: until
+					   the key does */
 	/* mono_ms() just before the statement that gave this answer was
 	 * sent: lease_left_ms and expires_in_ms count from here, never later
 	 * than the database's now(). A claim repeated after a lost answer
 	 * counts from the repeat, not from the first try. */
 	double asked_ms;
-	/* REPLAY: pointers into res, valid until claim_result_clear */
+	/* REPLAY: pointers into res, valid until claim_result_clear;
+	 * EXPIRED: status alone (the stored final status) */
 	int status;
 	const char *headers;
 	size_t headers_len;

@@ -267,6 +267,9 @@ static json_t *record_json(const admin_record *r)
 				       r->response_headers_len, kid) == 0;
 	json_object_set_new(o, "sealed_with", sealed ? json_string(kid)
 						      : json_null());
+	json_object_set_new(o, "response_expires_at",
+			    jstr(r->response_expires_at));
+	json_object_set_new(o, "tombstone", json_boolean(r->tombstone));
 	return o;
 }
 

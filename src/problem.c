@@ -27,6 +27,8 @@ static const struct problem_def problems[] = {
 	  "A request with this Idempotency-Key is still in progress" },
 	{ "idempotency_key_mismatch",
 	  "Idempotency-Key reused with a different request" },
+	{ "idempotency_key_expired",
+	  "Idempotency-Key expired: the request was completed" },
 	{ "idempotency_response_not_replayable",
 	  "The response for this Idempotency-Key cannot be replayed" },
 	{ "request_too_large", "Request too large" },
@@ -89,8 +91,29 @@ static int append_cb(const char *data, size_t size, void *arg)
 	return 0;
 }
 
+static void set_ext(json_t *obj, const problem_ext *ext)
+{
+	if (ext == NULL)
+		return;
+	if (ext->operation_state != NULL)
+		set_str(obj, "operation_state", ext->operation_state);
+	if (ext->client_action != NULL)
+		set_str(obj, "client_action", ext->client_action);
+	if (ext->original_status > 0)
+		ALWAYS_ASSERT(json_object_set_new(
+				      obj, "original_status",
+				      json_integer(ext->original_status)) == 0);
+}
+
 void problem_render(growbuf *out, int status, const char *code,
 		    const char *detail, const char *request_id)
+{
+	problem_render_ext(out, status, code, detail, request_id, NULL);
+}
+
+void problem_render_ext(growbuf *out, int status, const char *code,
+			const char *detail, const char *request_id,
+			const problem_ext *ext)
 {
 	const char *c = code ? code : "internal_error";
 	const char *title = problem_title(c);
@@ -107,6 +130,7 @@ void problem_render(growbuf *out, int status, const char *code,
 	set_str(obj, "code", c);
 	if (request_id != NULL)
 		set_str(obj, "request_id", request_id);
+	set_ext(obj, ext);
 	ALWAYS_ASSERT(json_dump_callback(obj, append_cb, out, JSON_COMPACT |
 					 JSON_PRESERVE_ORDER) == 0);
 	json_decref(obj);

@@ -995,6 +995,7 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 		.hash = j->fp,
 		.lease_ms = r->lease_ms,
 		.ttl_ms = r->ttl_ms,
+		.retain_ms = r->retain_key_ms,
 		.hold_on_unknown = r->on_unknown_hold,
 		.owner = owner,
 	};
@@ -1071,6 +1072,25 @@ static void claimed_mismatch(proxy_worker *w, job *j, const route_cfg *r)
 		      0);
 }
 
+/* CLAIM_EXPIRED: a tombstone. The request was completed, its response is
+ * gone and the key is kept until retain_key: a retry is refused, never
+ * executed again. 410, which retrying clients do not repeat. */
+static void claimed_expired(proxy_worker *w, job *j, const route_cfg *r,
+			    const claim_result *c)
+{
+	leave_wait(w, j, "expired");
+	j->outcome = "expired";
+	metrics_tombstone_answer(r->name);
+	problem_ext ext = {.operation_state = "completed",
+			   .client_action = "do_not_retry",
+			   .original_status = c->status};
+	reply_problem_ext(j, 410, "idempotency_key_expired",
+			  "a request with this key was completed; its "
+			  "response is no longer kept and it is not "
+			  "executed again",
+			  0, &ext);
+}
+
 /* True when the job was parked to wait (the worker leaves it alone). */
 static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 			   const request_plan *p)
@@ -1110,6 +1130,9 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		break;
 	case CLAIM_MISMATCH:
 		claimed_mismatch(w, j, r);
+		break;
+	case CLAIM_EXPIRED:
+		claimed_expired(w, j, r, &c);
 		break;
 	}
 	claim_result_clear(&c);

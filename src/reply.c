@@ -11,10 +11,17 @@
 void reply_problem(job *j, int status, const char *code, const char *detail,
 		   int64_t retry_after_s)
 {
+	reply_problem_ext(j, status, code, detail, retry_after_s, NULL);
+}
+
+void reply_problem_ext(job *j, int status, const char *code, const char *detail,
+		       int64_t retry_after_s, const problem_ext *ext)
+{
 	j->status = status;
 	header_list_free(&j->resp_headers);
 	growbuf_reset(&j->resp_body);
-	problem_render(&j->resp_body, status, code, detail, j->request_id);
+	problem_render_ext(&j->resp_body, status, code, detail, j->request_id,
+			   ext);
 	header_list_add(&j->resp_headers, "Content-Type", 12,
 			PROBLEM_CONTENT_TYPE, strlen(PROBLEM_CONTENT_TYPE));
 	if (retry_after_s > 0) {

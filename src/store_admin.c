@@ -94,7 +94,10 @@ static const char get_sql[] =
 	", expires_at <= now(), hold_on_unknown, response_status, "
 	"encode(response_headers, 'hex'), "
 	"translate(encode(response_body, 'base64'), "
-	"E'\\n', ''), replayable "
+	"E'\\n', ''), replayable, "
+	TS("nullif(coalesce(replay_until, expires_at), '-infinity')") ", "
+	"state = 'completed' AND expires_at > now() "
+	"AND coalesce(replay_until, expires_at) <= now() "
 	"FROM idempotency_records "
 	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3";
 
@@ -166,6 +169,8 @@ int store_admin_get(store_admin *s, const char *tenant, const char *operation,
 	out->response_headers = unhex(col(r, 14), &out->response_headers_len);
 	out->response_body_b64 = col(r, 15);
 	out->replayable = PQgetisnull(r, 0, 16) ? -1 : col_true(r, 16);
+	out->response_expires_at = col(r, 17);
+	out->tombstone = col_true(r, 18);
 	return 0;
 }
 

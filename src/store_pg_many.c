@@ -73,16 +73,19 @@ static int claim_many_once(store *s, const claim_req *const *reqs, int n,
 	memset(inserted, 0, (size_t)n * sizeof *inserted);
 	if (store_ensure(s, err, errlen))
 		return -1;
-	static const Oid types[8] = {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA,
-				     OID_INT8, OID_INT8, OID_BOOL, OID_UUID};
-	for (int c = 0; c < 8; c++)
+	static const Oid types[9] = {OID_TEXT, OID_TEXT, OID_TEXT,
+				     OID_BYTEA, OID_INT8, OID_INT8,
+				     OID_BOOL, OID_UUID, OID_INT8};
+	for (int c = 0; c < 9; c++)
 		arr_start(&s->arr[c], types[c], n);
 	const uint8_t *owners[STORE_MANY_MAX];
 	for (int i = 0; i < n; i++) {
 		const claim_req *q = reqs[i];
-		char lease[8], ttl[8], hold = q->hold_on_unknown ? 1 : 0;
+		char lease[8], ttl[8], retain[8];
+		char hold = q->hold_on_unknown ? 1 : 0;
 		put_i64(lease, q->lease_ms);
 		put_i64(ttl, q->ttl_ms);
+		put_i64(retain, q->retain_ms);
 		arr_add_str(&s->arr[0], q->tenant);
 		arr_add_str(&s->arr[1], q->operation);
 		arr_add_str(&s->arr[2], q->key);
@@ -91,6 +94,7 @@ static int claim_many_once(store *s, const claim_req *const *reqs, int n,
 		arr_add(&s->arr[5], ttl, 8);
 		arr_add(&s->arr[6], &hold, 1);
 		arr_add(&s->arr[7], q->owner, STORE_TOKEN_LEN);
+		arr_add(&s->arr[8], retain, 8);
 		owners[i] = q->owner;
 	}
 	PGresult *r = run_arrays(s, ST_CLAIM_MANY);

@@ -403,7 +403,8 @@ def test_get_a_completed_record(proxy, stub, pg):
     assert list(doc) == ["tenant", "operation", "key", "state", "attempt", "request_hash",
                          "owner_token", "lease_until", "created_at", "updated_at",
                          "expires_at", "expired", "hold_on_unknown", "response_status",
-                         "response_headers", "response_body", "replayable", "sealed_with"]
+                         "response_headers", "response_body", "replayable", "sealed_with",
+                         "response_expires_at", "tombstone"]
     assert doc["tenant"] == "default"
     assert doc["operation"] == "create_payment"
     assert doc["key"] == key
