@@ -155,3 +155,25 @@ def test_admin_view_of_a_live_record_is_not_a_tombstone(make_proxy, stub, pg):
     view = admin(proxy, "GET", "default", "create_payment", key).json()
     assert view["tombstone"] is False and view["response_body"], view
     assert view["response_expires_at"] < view["expires_at"], view
+
+
+@pytest.mark.no_replay_cache
+def test_a_record_written_before_retain_key_keeps_working(make_proxy, stub, pg):
+    """A row without replay_until (as every row stored before migration
+    012, or while retain_key followed ttl) read by a proxy whose route now
+    keeps keys longer: replayed while it lives, executed as new after its
+    expires_at, never a tombstone (its key ends with its response)."""
+    before = make_proxy()
+    key = new_key("old")
+    r1 = pay(before, key)
+    assert r1.status_code == 201
+    assert pg.record(key)["replay_until"] is None
+    proxy = make_proxy(route_overrides=KEPT)
+    r2 = pay(proxy, key)
+    assert is_replay(r2) and r2.content == r1.content
+    view = admin(proxy, "GET", "default", "create_payment", key).json()
+    assert view["tombstone"] is False and view["response_expires_at"] == view["expires_at"]
+    end_key(pg, key)
+    r3 = pay(proxy, key)
+    assert r3.status_code == 201 and not is_replay(r3)
+    assert stub.count(key=key) == 2
