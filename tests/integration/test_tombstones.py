@@ -177,3 +177,20 @@ def test_a_record_written_before_retain_key_keeps_working(make_proxy, stub, pg):
     r3 = pay(proxy, key)
     assert r3.status_code == 201 and not is_replay(r3)
     assert stub.count(key=key) == 2
+
+
+def test_the_replay_cache_never_replays_past_ttl(make_proxy, stub, pg):
+    """The replay cache (on here) trusts an entry until the end of the
+    response, never that of the key: once a 2 s ttl has passed, by the
+    database's clock as by the proxy's, a retry is the tombstone's 410,
+    though the cache would keep an entry 10 s and the key lives an hour."""
+    proxy = make_proxy(route_overrides={"create_payment": {
+        "ttl": "2s", "lease": "1s", "upstream_timeout": "500ms", "retain_key": "1h"}})
+    key = new_key()
+    assert pay(proxy, key).status_code == 201
+    assert is_replay(pay(proxy, key))
+    wait_until(lambda: pg.query("SELECT replay_until < now() - interval '100 ms' AS past "
+                                "FROM idempotency_records WHERE idem_key = %s",
+                                (key,))[0]["past"], what="the response's end")
+    assert_expired(pay(proxy, key), 201)
+    assert stub.count(key=key) == 1
