@@ -86,9 +86,11 @@ def test_migrate_distributes_the_records_and_the_claim(make_proxy, pg):
                        "shard_count": 32}]
     funcs = pg.query("SELECT distribution_argument_index AS arg, o.colocationid = p.colocationid "
                      "AS colocated FROM pg_dist_object o, pg_dist_partition p "
-                     "WHERE o.objid = 'idem_claim'::regproc "
+                     "WHERE o.objid IN (SELECT oid FROM pg_proc "
+                     "WHERE proname = 'idem_claim') "
                      "AND p.logicalrelid = 'idempotency_records'::regclass")
-    assert funcs == [{"arg": 0, "colocated": True}]
+    # Both overloads: 012's, and 009's, kept for instances not yet upgraded.
+    assert funcs == [{"arg": 0, "colocated": True}] * 2
 
 
 def test_migrate_twice_changes_nothing(make_proxy, pg):
