@@ -5,12 +5,16 @@ the key executes as new; the reaper strips the response at ttl and purges
 the tombstone at retain_key. Time moves by rewriting the row's times with
 the database's clock (replay_until: the end of the response; expires_at:
 the end of the key), as the expiry tests do, rather than by sleeping."""
+import signal
+from datetime import timedelta
+
 import pytest
 
 from conftest import run_binary
-from helpers import assert_problem, is_replay, new_key, wait_until
+from helpers import assert_problem, is_replay, new_key, render_conf, wait_until
 from store_support import metrics, pay, reaper_pass, row_version
 from test_ops import admin
+from test_reload import reload, settings
 
 KEPT = {"create_payment": {"ttl": "1h", "retain_key": "2h"}}
 
@@ -194,3 +198,35 @@ def test_the_replay_cache_never_replays_past_ttl(make_proxy, stub, pg):
                                 (key,))[0]["past"], what="the response's end")
     assert_expired(pay(proxy, key), 201)
     assert stub.count(key=key) == 1
+
+
+def with_route(conf, **over):
+    for r in conf["routes"]:
+        if r["name"] == "create_payment":
+            r.update(over)
+    return conf
+
+
+def test_a_reload_applies_retain_key_and_refuses_one_shorter_than_ttl(proxy, stub, pg):
+    """retain_key reloads as ttl does: keys claimed after a reload follow
+    it; a reload with retain_key below ttl is refused, naming both, and the
+    running rule stays."""
+    key = new_key("before")
+    assert pay(proxy, key).status_code == 201
+    assert pg.record(key)["replay_until"] is None
+    reload(proxy, with_route(settings(proxy, pg, stub), ttl="1h", retain_key="2h"))
+    key = new_key("after")
+    assert pay(proxy, key).status_code == 201
+    kept = "SELECT expires_at - replay_until AS d FROM idempotency_records WHERE idem_key = %s"
+    assert pg.query(kept, (key,))[0]["d"] == timedelta(hours=1)
+
+    with open(proxy.conf_path, "w") as f:
+        f.write(render_conf(with_route(settings(proxy, pg, stub), ttl="2h",
+                                       retain_key="1h")))
+    proxy.proc.send_signal(signal.SIGHUP)
+    why = 'retain_key (1h) must not be shorter than ttl (2h)'
+    wait_until(lambda: why in proxy.log(), what="the refused reload in the log")
+    assert proxy.proc.poll() is None
+    key = new_key("refused")
+    assert pay(proxy, key).status_code == 201
+    assert pg.query(kept, (key,))[0]["d"] == timedelta(hours=1)
