@@ -111,7 +111,8 @@ void claim_result_clear(claim_result *r);
 int store_claim_existing(store *s, const claim_req *req, claim_result *out,
 			 char *err, size_t errlen) MUST_CHECK;
 /* What idem_claim answers for a key its attempt inserted: forward, attempt
- * 1, the whole lease, the record living max(ttl, lease). */
+ * 1, the whole lease, the response living max(ttl, lease) (the key may
+ * live longer: retain_ms; the replay cache must not trust that). */
 void store_claim_fresh(const claim_req *req, claim_result *out);
 
 
