@@ -24,6 +24,11 @@ void metrics_event(const char *name);
 void metrics_store_batch(const char *kind, int n);
 /* A reaper pass completed: its counts, and now as its time. */
 void metrics_reaper(int released, int purged);
+/* Completed records the reaper turned into tombstones, and tombstones it
+ * purged at retain_key. */
+void metrics_reaper_tombstones(int stripped, int purged);
+/* A retry answered idempotency_key_expired (a tombstone). */
+void metrics_tombstone_answer(const char *route);
 void metrics_observe_request_ms(double ms);
 void metrics_observe_store_ms(double ms);
 void metrics_observe_upstream_ms(double ms);

@@ -35,6 +35,7 @@ enum problem_action {
 typedef struct problem_facts {
 	enum problem_state state;
 	enum problem_action action;
+	int original_status; /* > 0: a tombstone's stored final status */
 } problem_facts;
 
 /* Where a problem points: type_base + code is its "type" (NULL:

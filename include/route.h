@@ -48,6 +48,9 @@ typedef struct route_cfg {
 	jwt_policy *jwt;   /* the jwt group; NULL when not set */
 	key_from_cfg key_from;
 	int64_t ttl_ms;
+	/* >= ttl_ms: how long a completed key is kept; from ttl on its
+	 * response is gone and a retry is refused (a tombstone) */
+	int64_t retain_key_ms;
 	int64_t lease_ms;
 	int64_t upstream_timeout_ms;
 	int64_t retry_after_ms;

@@ -50,6 +50,11 @@ typedef struct admin_record {
 	int replayable;        /* 1, 0, or -1 when not recorded */
 	const char *trace_id;  /* hex: the trace of the first attempt (NULL:
 				  none) */
+	/* The end of the stored response (before expires_at when the key is
+	 * kept longer: retain_key), and whether the record is a tombstone
+	 * now: completed, its response past its end, its key kept. */
+	const char *response_expires_at;
+	bool tombstone;
 	void *res;             /* the PGresult */
 } admin_record;
 

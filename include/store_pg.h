@@ -60,6 +60,7 @@ enum claim_decision {
 	CLAIM_IN_FLIGHT,
 	CLAIM_HELD,       /* outcome unknown, on_unknown = hold */
 	CLAIM_MISMATCH,
+	CLAIM_EXPIRED,    /* a tombstone: the response is gone, the key kept */
 };
 
 typedef struct claim_req {
@@ -69,6 +70,7 @@ typedef struct claim_req {
 	const uint8_t *hash; /* 32 bytes */
 	int64_t lease_ms;
 	int64_t ttl_ms;
+	int64_t retain_ms; /* >= ttl_ms: how long the key is kept */
 	bool hold_on_unknown;
 	/* STORE_TOKEN_LEN bytes, from store_new_token: the attempt's owner
 	 * token if the claim gives it the key. A claim repeated with the same
@@ -87,13 +89,15 @@ typedef struct claim_result {
 	int64_t lease_left_ms;          /* IN_FLIGHT; FORWARD and TAKEOVER:
 					   this attempt's lease */
 	int64_t expires_in_ms;          /* FORWARD, TAKEOVER, REPLAY: until the
-					   record expires */
+					   response expires; EXPIRED: until
+					   the key does */
 	/* mono_ms() just before the statement that gave this answer was
 	 * sent: lease_left_ms and expires_in_ms count from here, never later
 	 * than the database's now(). A claim repeated after a lost answer
 	 * counts from the repeat, not from the first try. */
 	double asked_ms;
-	/* REPLAY: pointers into res, valid until claim_result_clear */
+	/* REPLAY: pointers into res, valid until claim_result_clear;
+	 * EXPIRED: status alone (the stored final status) */
 	int status;
 	const char *headers;
 	size_t headers_len;
@@ -112,7 +116,8 @@ void claim_result_clear(claim_result *r);
 int store_claim_existing(store *s, const claim_req *req, claim_result *out,
 			 char *err, size_t errlen) MUST_CHECK;
 /* What idem_claim answers for a key its attempt inserted: forward, attempt
- * 1, the whole lease, the record living max(ttl, lease). */
+ * 1, the whole lease, the response living max(ttl, lease) (the key may
+ * live longer: retain_ms; the replay cache must not trust that). */
 void store_claim_fresh(const claim_req *req, claim_result *out);
 
 

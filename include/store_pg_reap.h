@@ -22,6 +22,13 @@ int store_sweep_leases(store *s, int pages, int64_t *page, growbuf *held,
 		       int *released, char *err, size_t errlen) MUST_CHECK;
 int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen) MUST_CHECK;
+/* Tombstones (sql/012_tombstones.sql): deletes the stored response of up
+ * to batch completed records past the end of their response whose key is
+ * kept longer; deletes up to batch stripped tombstones whose key ended. */
+int store_strip_tombstones(store *s, int batch, int *stripped, char *err,
+			   size_t errlen) MUST_CHECK;
+int store_purge_tombstones(store *s, int batch, int *purged, char *err,
+			   size_t errlen) MUST_CHECK;
 /* The processing figures: every processing row (held ones too) and the
  * oldest one's age, and of those the held ones (on_unknown hold, lease
  * ended) and the oldest held one's age; ages from updated_at, the start

@@ -22,7 +22,8 @@ CITUS_TESTS ?= tests/integration/test_core.py \
 	tests/integration/test_concurrency.py tests/integration/test_failures.py \
 	tests/integration/test_instances.py tests/integration/test_reaper_crash.py \
 	tests/integration/test_ops.py tests/integration/test_replay_cache.py \
-	tests/integration/test_wait.py tests/integration/test_citus.py
+	tests/integration/test_wait.py tests/integration/test_citus.py \
+	tests/integration/test_tombstones.py
 
 .PHONY: test-citus
 test-citus: $(BUILD)/idemproxy $(BUILD)/store_check

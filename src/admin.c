@@ -16,9 +16,9 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#include "contract.h"
 #include "admin_keys.h"
 #include "admin_resolve.h"
+#include "contract.h"
 #include "decide.h"
 #include "listen_addr.h"
 #include "log.h"
@@ -250,8 +250,7 @@ static json_t *jbytes(const char *s)
 	if (j)
 		return j;
 	char *b64 = xmalloc(4 * ((n + 2) / 3) + 1);
-	EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)s,
-			(int)n);
+	EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)s, (int)n);
 	j = json_pack("{s:s}", "base64", b64);
 	free(b64);
 	return j ? j : json_null();
@@ -307,9 +306,9 @@ static json_t *record_json(const admin_record *r)
 	json_object_set_new(o, "response_status",
 			    r->has_status ? json_integer(r->response_status)
 					  : json_null());
-	json_object_set_new(o, "response_headers",
-			    headers_json(r->response_headers,
-					 r->response_headers_len));
+	json_object_set_new(
+		o, "response_headers",
+		headers_json(r->response_headers, r->response_headers_len));
 	json_object_set_new(o, "response_body", jstr(r->response_body_b64));
 	json_object_set_new(o, "replayable",
 			    r->replayable < 0 ? json_null()
@@ -320,8 +319,11 @@ static json_t *record_json(const admin_record *r)
 	char kid[SEAL_ID_MAX + 1];
 	bool sealed = seal_blob_key_id(r->response_headers,
 				       r->response_headers_len, kid) == 0;
-	json_object_set_new(o, "sealed_with", sealed ? json_string(kid)
-						      : json_null());
+	json_object_set_new(o, "sealed_with",
+			    sealed ? json_string(kid) : json_null());
+	json_object_set_new(o, "response_expires_at",
+			    jstr(r->response_expires_at));
+	json_object_set_new(o, "tombstone", json_boolean(r->tombstone));
 	return o;
 }
 
@@ -369,8 +371,8 @@ static void action_fields(growbuf *b, const char *who, const char *method,
 	log_field(b, "key", k->part[2]);
 }
 
-static void log_action(const char *who, const char *method,
-		       const key_path *k, const char *result)
+static void log_action(const char *who, const char *method, const key_path *k,
+		       const char *result)
 {
 	growbuf b = {0};
 	action_fields(&b, who, method, k);
@@ -407,13 +409,13 @@ static enum MHD_Result store_failed(admin *a, struct MHD_Connection *conn,
 	/* The connection may have broken after the DELETE reached the
 	 * server, and a second one after a release that did commit would
 	 * purge the record: a person reads it first. */
-	return problem_as(
-		a, conn, 503, "idempotency_store_unavailable",
-		"the idempotency store cannot be reached; the DELETE "
-		"may or may not have taken effect: read the record "
-		"(GET) before sending it again",
-		(problem_facts){PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY}, NULL,
-		NULL);
+	return problem_as(a, conn, 503, "idempotency_store_unavailable",
+			  "the idempotency store cannot be reached; the DELETE "
+			  "may or may not have taken effect: read the record "
+			  "(GET) before sending it again",
+			  (problem_facts){.state = PROBLEM_UNKNOWN,
+					  .action = PROBLEM_DO_NOT_RETRY},
+			  NULL, NULL);
 }
 
 static enum MHD_Result key_get(admin *a, struct MHD_Connection *conn,
@@ -469,8 +471,8 @@ static enum MHD_Result refuse_in_flight(admin *a, struct MHD_Connection *conn,
 /* ?force=true: 1; absent: 0; anything else: -1. */
 static int force_arg(struct MHD_Connection *conn)
 {
-	const char *v =
-		MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "force");
+	const char *v = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND,
+						    "force");
 	if (!v)
 		return 0;
 	return !strcmp(v, "true") ? 1 : !strcmp(v, "false") ? 0 : -1;
@@ -506,7 +508,7 @@ static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
 		res.action == ADMIN_DEL_RELEASED ? "released" : "purged";
 	log_action(who, "DELETE", k,
 		   force && res.action == ADMIN_DEL_RELEASED ? "released_forced"
-							      : done);
+							     : done);
 	json_t *o = json_object();
 	json_object_set_new(o, "tenant", jstr(k->part[0]));
 	json_object_set_new(o, "operation", jstr(k->part[1]));
@@ -518,16 +520,16 @@ static enum MHD_Result key_delete(admin *a, struct MHD_Connection *conn,
 
 /* Is the request allowed into /admin? Answers it (and returns false) when
  * not. The token is read from the configuration in force right now. */
-static bool admin_gate(admin *a, struct MHD_Connection *conn,
-		       const char *who, const char *method, const char *path,
+static bool admin_gate(admin *a, struct MHD_Connection *conn, const char *who,
+		       const char *method, const char *path,
 		       enum MHD_Result *answer)
 {
 	config *cfg = a->get_config(a->arg);
 	bool disabled = !cfg->admin_token[0];
-	bool ok = !disabled &&
-		  admin_token_ok(MHD_lookup_connection_value(
-					 conn, MHD_HEADER_KIND, "Authorization"),
-				 cfg->admin_token);
+	bool ok = !disabled && admin_token_ok(MHD_lookup_connection_value(
+						      conn, MHD_HEADER_KIND,
+						      "Authorization"),
+					      cfg->admin_token);
 	config_unref(cfg);
 	if (ok)
 		return true;
@@ -564,8 +566,9 @@ static enum MHD_Result contract_get(admin *a, struct MHD_Connection *conn,
 				    const char *method, const char *path)
 {
 	if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-		return problem_with(a, conn, 405, "method_not_allowed", "use GET",
-				    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+		return problem_with(a, conn, 405, "method_not_allowed",
+				    "use GET", MHD_HTTP_HEADER_ALLOW,
+				    "GET, HEAD");
 	config *cfg = a->get_config(a->arg);
 	growbuf b = {0};
 	b.data = contract_document(
@@ -610,8 +613,9 @@ static enum MHD_Result keys_list(admin *a, struct MHD_Connection *conn,
 				 const char *who, const char *method)
 {
 	if (strcmp(method, "GET") && strcmp(method, "HEAD"))
-		return problem_with(a, conn, 405, "method_not_allowed", "use GET",
-				    MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+		return problem_with(a, conn, 405, "method_not_allowed",
+				    "use GET", MHD_HTTP_HEADER_ALLOW,
+				    "GET, HEAD");
 	growbuf args = {0};
 	MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, add_arg, &args);
 	config *cfg = a->get_config(a->arg);
@@ -627,7 +631,7 @@ static enum MHD_Result keys_list(admin *a, struct MHD_Connection *conn,
 }
 
 #define RESOLVE_SUFFIX "/resolve"
-#define RESOLVE_USE                                                      \
+#define RESOLVE_USE \
 	"use /admin/keys/{tenant}/{operation}/{key}/resolve, each segment " \
 	"percent-encoded printable ASCII"
 
@@ -646,8 +650,8 @@ static enum MHD_Result keys_resolve(admin *a, struct MHD_Connection *conn,
 				    const char *path, admin_req *rq)
 {
 	if (strcmp(method, "POST"))
-		return problem_with(a, conn, 405, "method_not_allowed", "use POST",
-				    MHD_HTTP_HEADER_ALLOW, "POST");
+		return problem_with(a, conn, 405, "method_not_allowed",
+				    "use POST", MHD_HTTP_HEADER_ALLOW, "POST");
 	size_t plen = strlen(KEYS_PREFIX);
 	char *rest = xstrndup(path + plen,
 			      strlen(path) - plen - strlen(RESOLVE_SUFFIX));
@@ -665,8 +669,7 @@ static enum MHD_Result keys_resolve(admin *a, struct MHD_Connection *conn,
 		answer = problem(a, conn, 413, "request_too_large",
 				 "the request body is larger than a stored "
 				 "response may be (max_stored_response)");
-	}
-	else {
+	} else {
 		const char *const part[3] = {k.part[0], k.part[1], k.part[2]};
 		config *cfg = a->get_config(a->arg);
 		admin_answer ans = answer_for(cfg);
@@ -754,8 +757,7 @@ static bool loop_stalled(admin *a, char *err, size_t errlen)
 				 "lag_ms=%.0f loop_stall_max_ms=%lld", lag,
 				 (long long)max);
 		else
-			log_info("serving loop running again: ready",
-				 NULL);
+			log_info("serving loop running again: ready", NULL);
 	}
 	if (stalled)
 		snprintf(err, errlen,
@@ -885,13 +887,12 @@ admin *admin_start(const admin_opts *o, char *err, size_t errlen)
 			 MHD_USE_ERROR_LOG;
 	if (v6)
 		flags |= MHD_USE_IPv6;
-	a->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, a,
-				MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-				MHD_OPTION_URI_LOG_CALLBACK, on_uri, a,
-				MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
-				MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-				MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-				MHD_OPTION_END);
+	a->d = MHD_start_daemon(
+		flags, 0, NULL, NULL, on_request, a, MHD_OPTION_SOCK_ADDR,
+		(struct sockaddr *)&ss, MHD_OPTION_URI_LOG_CALLBACK, on_uri, a,
+		MHD_OPTION_NOTIFY_COMPLETED, on_completed, a,
+		MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
 	if (!a->d) {
 		snprintf(err, errlen, "cannot listen on %s (in use?)",
 			 o->listen);

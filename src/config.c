@@ -184,6 +184,10 @@ const cfg_opt cfg_route[] = {
 	{.name = "ttl", .conv = cfg_conv_duration, .def = "\"24h\"",
 	 .min = CFG_MS_SECOND, .max = 3650 * CFG_MS_DAY, .off = R_(ttl_ms),
 	 .reload = CFG_APPLY},
+	/* "0s": unset, follows ttl (cfg_route_retain_rule). */
+	{.name = "retain_key", .conv = cfg_conv_duration, .def = "\"0s\"",
+	 .min = 0, .max = 3650 * CFG_MS_DAY, .off = R_(retain_key_ms),
+	 .reload = CFG_APPLY},
 	{.name = "lease", .conv = cfg_conv_duration, .def = "\"30s\"",
 	 .min = 1, .max = CFG_MS_DAY, .off = R_(lease_ms), .reload = CFG_APPLY},
 	{.name = "upstream_timeout", .conv = cfg_conv_duration,

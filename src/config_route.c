@@ -556,6 +556,31 @@ static int cfg_route_ttl_rule(cfg_ctx *x, const route_cfg *r,
 			r->name, a, b);
 }
 
+/* A key is kept at least as long as its response: an unset retain_key
+ * follows ttl (no tombstones, as before it existed); a shorter one set in
+ * the route or in defaults is an error. */
+static int cfg_route_retain_rule(cfg_ctx *x, route_cfg *r,
+				 const config_setting_t *g,
+				 const config_setting_t *defaults)
+{
+	if (r->retain_key_ms >= r->ttl_ms)
+		return 0;
+	const config_setting_t *set = cfg_member(g, "retain_key");
+	if (!set)
+		set = cfg_member(defaults, "retain_key");
+	if (!set) {
+		r->retain_key_ms = r->ttl_ms;
+		return 0;
+	}
+	char a[32], b[32];
+	cfg_fmt_ms(r->retain_key_ms, a, sizeof a);
+	cfg_fmt_ms(r->ttl_ms, b, sizeof b);
+	return cfg_fail(x, cfg_blame(g, defaults, "retain_key", "ttl"),
+			"route \"%s\": retain_key (%s) must not be shorter "
+			"than ttl (%s)",
+			r->name, a, b);
+}
+
 /* The rules between a route's settings, in the order they were checked
  * when they were one function: the first broken one is reported. */
 static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
@@ -565,7 +590,8 @@ static int cfg_route_rules(cfg_ctx *x, route_cfg *r,
 	if (cfg_route_lease_rule(x, r, g, defaults) < 0 ||
 	    cfg_route_pair_rules(x, r, g, defaults) < 0 ||
 	    cfg_route_wait_rule(x, r, g, defaults) < 0 ||
-	    cfg_route_ttl_rule(x, r, g, defaults) < 0)
+	    cfg_route_ttl_rule(x, r, g, defaults) < 0 ||
+	    cfg_route_retain_rule(x, r, g, defaults) < 0)
 		return -1;
 	return 0;
 }

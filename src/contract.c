@@ -30,6 +30,7 @@ enum cp_when {
 	CP_TENANT_HEADER,
 	CP_CREDENTIALS, /* tenant from Authorization or a JWT */
 	CP_JWT,
+	CP_RETAINED, /* retain_key beyond ttl: tombstones */
 };
 
 /* Every problem a request of a route can get, from the front end
@@ -52,6 +53,8 @@ static const struct contract_problem {
 	{408, "request_timeout", CP_ALWAYS},
 	{409, "idempotency_key_in_use", CP_ALWAYS},
 	{409, "idempotency_response_not_replayable", CP_ALWAYS},
+	{410, "idempotency_key_expired", CP_RETAINED},
+	{422, "idempotency_operation_completed", CP_ALWAYS},
 	{0, "idempotency_key_mismatch", CP_ALWAYS},
 	{413, "request_too_large", CP_ALWAYS},
 	{431, "request_too_large", CP_ALWAYS},
@@ -82,6 +85,8 @@ static bool cp_applies(const route_cfg *r, enum cp_when w)
 		       r->tenant_kind == TENANT_JWT;
 	case CP_JWT:
 		return r->tenant_kind == TENANT_JWT;
+	case CP_RETAINED:
+		return r->retain_key_ms > r->ttl_ms;
 	}
 	return false;
 }
@@ -254,10 +259,20 @@ static json_t *store_rule(const config *cfg)
 
 /* What a retry gets once the record's ttl has passed: the record is
  * purged at ttl, so its key executes as a new request. */
+/* After ttl the response goes; with retain_key beyond it the key stays
+ * (a tombstone) and a retry is refused, never forwarded, until
+ * retain_key. */
 static json_t *expiry_rule(const route_cfg *r)
 {
-	return json_pack("{s:I,s:s}", "ttl_ms", (json_int_t)r->ttl_ms,
-			 "after_ttl", "executes_as_new");
+	if (r->retain_key_ms <= r->ttl_ms)
+		return json_pack("{s:I,s:s}", "ttl_ms", (json_int_t)r->ttl_ms,
+				 "after_ttl", "executes_as_new");
+	return json_pack("{s:I,s:I,s:{s:s,s:i,s:s,s:b},s:s}", "ttl_ms",
+			 (json_int_t)r->ttl_ms, "retain_key_ms",
+			 (json_int_t)r->retain_key_ms, "after_ttl", "answer",
+			 "refused", "status", 410, "code",
+			 "idempotency_key_expired", "forwarded", 0,
+			 "after_retain_key", "executes_as_new");
 }
 
 static json_t *route_rules(const config *cfg, const route_cfg *r)
@@ -565,6 +580,11 @@ static json_t *problem_schema(const config *cfg)
 		"string", "request_id", "type", "string", "operation_state",
 		ref(REF_SCHEMAS, PFX "OperationState"), "client_action",
 		ref(REF_SCHEMAS, PFX "ClientAction"));
+	put(props, "original_status",
+	    json_pack("{s:s,s:i,s:i,s:s}", "type", "integer", "minimum", 100,
+		      "maximum", 599, "description",
+		      "idempotency_key_expired: the status the operation "
+		      "completed with"));
 	json_t *schema = json_pack(
 		"{s:s,s:s,s:[s,s,s,s,s,s,s],s:o}", "type", "object",
 		"description", desc.data, "required", "type", "title", "status",

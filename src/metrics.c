@@ -116,6 +116,7 @@ static struct {
 	char commit[16];
 } g_durability;
 static uint64_t reaper_released, reaper_purged;
+static uint64_t reaper_tombstoned, reaper_tombstones_purged;
 static double reaper_last_success;
 static uint64_t cache_entries, cache_bytes;
 static struct {
@@ -166,6 +167,7 @@ static void add(const char *family, const char *labels, uint64_t n)
 static const char F_REQUESTS[] = "idemproxy_requests_total";
 static const char F_UPSTREAM[] = "idemproxy_upstream_responses_total";
 static const char F_TAKEOVERS[] = "idemproxy_takeovers_total";
+static const char F_TOMBSTONES[] = "idemproxy_tombstone_answers_total";
 static const char F_EVENTS[] = "idemproxy_events_total";
 static const char F_WAITS[] = "idemproxy_wait_outcomes_total";
 static const char F_BATCHES[] = "idemproxy_store_batches_total";
@@ -256,7 +258,7 @@ static void render_labels(char *l, size_t n, const char *family,
 		snprintf(l, n, "route=\"%s\",outcome=\"%s\"", a, b);
 	else if (family == F_UPSTREAM)
 		snprintf(l, n, "route=\"%s\",class=\"%s\"", a, b);
-	else if (family == F_TAKEOVERS)
+	else if (family == F_TAKEOVERS || family == F_TOMBSTONES)
 		snprintf(l, n, "route=\"%s\"", a);
 	else if (family == F_BATCHES || family == F_BATCHED)
 		snprintf(l, n, "kind=\"%s\"", a);
@@ -335,6 +337,11 @@ void metrics_takeover(const char *route)
 	count(F_TAKEOVERS, route, NULL);
 }
 
+void metrics_tombstone_answer(const char *route)
+{
+	count(F_TOMBSTONES, route, NULL);
+}
+
 /* The outcomes and the class the alert rules select by route. */
 static const char *const alert_outcomes[] = {
 	"in_flight", "mismatch", "store_unavailable", "upstream_unavailable",
@@ -370,6 +377,14 @@ void metrics_reaper(int released, int purged)
 	reaper_released += (uint64_t)released;
 	reaper_purged += (uint64_t)purged;
 	reaper_last_success = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+	pthread_mutex_unlock(&mu);
+}
+
+void metrics_reaper_tombstones(int stripped, int purged)
+{
+	pthread_mutex_lock(&mu);
+	reaper_tombstoned += (uint64_t)stripped;
+	reaper_tombstones_purged += (uint64_t)purged;
 	pthread_mutex_unlock(&mu);
 }
 
@@ -619,6 +634,9 @@ static void render_counters(growbuf *out)
 		      "Upstream responses by route and status class.");
 	render_family(out, v, n, F_TAKEOVERS,
 		      "Keys taken over from a released or expired attempt.");
+	render_family(out, v, n, F_TOMBSTONES,
+		      "Retries refused because their key is a tombstone "
+		      "(idempotency_key_expired).");
 	render_family(out, v, n, F_EVENTS,
 		      "Notable events (record_failed, record_fenced, ...).");
 	render_family(out, v, n, F_WAITS,
@@ -667,6 +685,15 @@ static void render_set_values(growbuf *out)
 	render_scalar(out, "idemproxy_reaper_purged_total", "counter",
 		      "Expired records deleted by the reaper.",
 		      (double)reaper_purged);
+	render_scalar(out, "idemproxy_reaper_tombstoned_total", "counter",
+		      "Completed records whose response the reaper deleted, "
+		      "keeping the key until retain_key (tombstones).",
+		      (double)reaper_tombstoned);
+	render_scalar(out, "idemproxy_reaper_tombstones_purged_total",
+		      "counter",
+		      "Tombstones deleted by the reaper at retain_key (also "
+		      "counted in idemproxy_reaper_purged_total).",
+		      (double)reaper_tombstones_purged);
 	render_scalar(out, "idemproxy_reaper_last_success_timestamp_seconds",
 		      "gauge",
 		      "Unix time the reaper last completed a pass (0: never).",

@@ -44,6 +44,8 @@ static const struct problem_def problems[] = {
 	  SAME },
 	{ "idempotency_key_mismatch",
 	  "Idempotency-Key reused with a different request", NE, NEW },
+	{ "idempotency_key_expired",
+	  "Idempotency-Key expired: the request was completed", CO, STOP },
 	{ "idempotency_response_not_replayable",
 	  "The response for this Idempotency-Key cannot be replayed", CO,
 	  STOP },
@@ -198,6 +200,10 @@ void problem_render(growbuf *out, const problem_links *links, int status,
 	set_str(obj, "client_action", problem_action_name(facts.action));
 	if (request_id != NULL)
 		set_str(obj, "request_id", request_id);
+	if (facts.original_status > 0)
+		ALWAYS_ASSERT(json_object_set_new(
+				      obj, "original_status",
+				      json_integer(facts.original_status)) == 0);
 	ALWAYS_ASSERT(json_dump_callback(obj, append_cb, out, JSON_COMPACT |
 					 JSON_PRESERVE_ORDER) == 0);
 	json_decref(obj);

@@ -810,8 +810,9 @@ static void outcome_unknown(job *j, const route_cfg *r)
 		       "is executed again (on_unknown release_after_lease): "
 		       "find out whether it took effect before retrying",
 		decide_retry_after_s(r->lease_ms),
-		(problem_facts){PROBLEM_UNKNOWN, hold ? PROBLEM_RETRY_SAME_KEY
-						      : PROBLEM_DO_NOT_RETRY});
+		(problem_facts){.state = PROBLEM_UNKNOWN,
+				.action = hold ? PROBLEM_RETRY_SAME_KEY
+					       : PROBLEM_DO_NOT_RETRY});
 }
 
 /* Too little of the attempt's lease is left for the whole upstream call:
@@ -929,8 +930,9 @@ static void store_refuse(proxy_worker *w, job *j, const route_cfg *r,
 		"earlier request with this key is in flight or "
 		"just ended; retry later with the same key",
 		decide_retry_after_s(r->retry_after_ms),
-		(problem_facts){woken ? PROBLEM_UNKNOWN : PROBLEM_IN_PROGRESS,
-				PROBLEM_RETRY_SAME_KEY});
+		(problem_facts){.state = woken ? PROBLEM_UNKNOWN
+					       : PROBLEM_IN_PROGRESS,
+				.action = PROBLEM_RETRY_SAME_KEY});
 }
 
 /* Once per request: may it wait, and for how long. */
@@ -1051,6 +1053,7 @@ static int claim_key(proxy_worker *w, job *j, const route_cfg *r,
 		.hash = j->fp,
 		.lease_ms = r->lease_ms,
 		.ttl_ms = r->ttl_ms,
+		.retain_ms = r->retain_key_ms,
 		.hold_on_unknown = r->on_unknown_hold,
 		.owner = owner,
 		.trace_id = j->trace_id[0] ? trace : NULL,
@@ -1110,13 +1113,13 @@ static void claimed_held(proxy_worker *w, job *j, const route_cfg *r)
 {
 	leave_wait(w, j, "held");
 	j->outcome = "in_flight";
-	reply_problem_state(
-		j, 409, "idempotency_key_in_use",
-		"the outcome of an earlier attempt with this key "
-		"is unknown and the key is held until an "
-		"operator releases it",
-		decide_retry_after_s(r->retry_after_ms),
-		(problem_facts){PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY});
+	reply_problem_state(j, 409, "idempotency_key_in_use",
+			    "the outcome of an earlier attempt with this key "
+			    "is unknown and the key is held until an "
+			    "operator releases it",
+			    decide_retry_after_s(r->retry_after_ms),
+			    (problem_facts){.state = PROBLEM_UNKNOWN,
+					    .action = PROBLEM_DO_NOT_RETRY});
 }
 
 /* CLAIM_MISMATCH: the key was used with another payload. */
@@ -1128,6 +1131,22 @@ static void claimed_mismatch(proxy_worker *w, job *j, const route_cfg *r)
 		      "this key was already used with a different request "
 		      "payload",
 		      0);
+}
+
+/* CLAIM_EXPIRED: a tombstone. The request was completed, its response is
+ * gone and the key is kept until retain_key: a retry is refused, never
+ * executed again. 410, which retrying clients do not repeat. */
+static void claimed_expired(proxy_worker *w, job *j, const route_cfg *r,
+			    const claim_result *c)
+{
+	leave_wait(w, j, "expired");
+	j->outcome = "expired";
+	metrics_tombstone_answer(r->name);
+	reply_problem_state(j, 410, "idempotency_key_expired",
+			    "a request with this key was completed; its "
+			    "response is no longer kept and it is not "
+			    "executed again",
+			    0, (problem_facts){.original_status = c->status});
 }
 
 /* True when the job was parked to wait (the worker leaves it alone). */
@@ -1169,6 +1188,9 @@ static bool handle_claimed(proxy_worker *w, job *j, const route_cfg *r,
 		break;
 	case CLAIM_MISMATCH:
 		claimed_mismatch(w, j, r);
+		break;
+	case CLAIM_EXPIRED:
+		claimed_expired(w, j, r, &c);
 		break;
 	}
 	claim_result_clear(&c);

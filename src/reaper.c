@@ -242,11 +242,15 @@ static void pass(reaper *r, const reaper_settings *set)
 {
 	char err[256];
 	store_set_statement_timeout(r->st, set->statement_timeout_ms);
-	int released = 0, swept = 0, purged = 0;
+	int released = 0, swept = 0, purged = 0, stripped = 0, tombs = 0;
 	processing_figures fig = {0};
 	if (reap(r, set->batch, &released, err, sizeof err) ||
 	    store_sweep_leases(r->st, sweep_pages(set->batch), &r->sweep_page,
 			       &r->held, &swept, err, sizeof err) ||
+	    drain(r, set->batch, store_strip_tombstones, &stripped, err,
+		  sizeof err) ||
+	    drain(r, set->batch, store_purge_tombstones, &tombs, err,
+		  sizeof err) ||
 	    drain(r, set->batch, store_purge_expired, &purged, err,
 		  sizeof err) ||
 	    store_processing_stats(r->st, r->since, &r->held, &fig, err,
@@ -262,15 +266,19 @@ static void pass(reaper *r, const reaper_settings *set)
 	r->was_down = false;
 	released += swept;
 	metrics_set_store_up(true);
+	purged += tombs;
 	metrics_reaper(released, purged);
+	metrics_reaper_tombstones(stripped, tombs);
 	metrics_set_processing(fig.count, fig.oldest_age_s);
 	metrics_set_held(fig.held, fig.oldest_held_age_s);
 	clock_pass(r);
 	seal_pass(r, set);
 	durability_pass(r, set->dur_interval_ms);
-	if (released || purged)
-		log_info("reaper pass", "released=%d purged=%d processing=%lld",
-			 released, purged, (long long)fig.count);
+	if (released || purged || stripped)
+		log_info("reaper pass",
+			 "released=%d purged=%d tombstoned=%d "
+			 "tombstones_purged=%d processing=%lld",
+			 released, purged, stripped, tombs, (long long)fig.count);
 }
 
 static struct timespec after_ms(struct timespec t, int64_t ms)

@@ -12,11 +12,12 @@
 #define OID_TEXT 25
 
 /* Completed records not under the active key ($1), in primary-key order
- * from the cursor on. */
+ * from the cursor on; not a stripped tombstone (nothing left to seal). */
 #define RE_COLS                                                                \
 	"SELECT tenant, operation, idem_key, request_hash, response_status, "  \
 	"response_headers, response_body FROM idempotency_records "          \
-	"WHERE state = 'completed' AND seal_key IS DISTINCT FROM $1 "
+	"WHERE state = 'completed' AND seal_key IS DISTINCT FROM $1 "         \
+	"AND replay_until IS DISTINCT FROM '-infinity' "
 #define RE_TAIL                                                                \
 	" ORDER BY tenant, operation, idem_key LIMIT $2 FOR UPDATE SKIP LOCKED"
 
@@ -33,6 +34,7 @@ static const char update_sql[] =
 static const char left_sql[] =
 	"SELECT seal_key, count(*) FROM idempotency_records "
 	"WHERE state = 'completed' AND seal_key IS DISTINCT FROM $1 "
+	"AND replay_until IS DISTINCT FROM '-infinity' "
 	"GROUP BY 1 ORDER BY 1 NULLS FIRST";
 
 /* The batch's seals, added to the key's count in the batch's transaction

@@ -103,7 +103,10 @@ static const char get_sql[] =
 	", expires_at <= now(), hold_on_unknown, response_status, "
 	"encode(response_headers, 'hex'), "
 	"translate(encode(response_body, 'base64'), "
-	"E'\\n', ''), replayable, encode(trace_id, 'hex') "
+	"E'\\n', ''), replayable, encode(trace_id, 'hex'), "
+	TS("nullif(coalesce(replay_until, expires_at), '-infinity')") ", "
+	"state = 'completed' AND expires_at > now() "
+	"AND coalesce(replay_until, expires_at) <= now() "
 	"FROM idempotency_records "
 	"WHERE tenant = $1 AND operation = $2 AND idem_key = $3";
 
@@ -176,6 +179,8 @@ int store_admin_get(store_admin *s, const char *tenant, const char *operation,
 	out->response_body_b64 = col(r, 15);
 	out->replayable = PQgetisnull(r, 0, 16) ? -1 : col_true(r, 16);
 	out->trace_id = col(r, 17);
+	out->response_expires_at = col(r, 18);
+	out->tombstone = col_true(r, 19);
 	return 0;
 }
 

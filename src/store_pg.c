@@ -14,17 +14,18 @@
 #include "wake.h"
 
 const stmt_def store_stmts[] = {
-	{"claim", 9,
+	{"claim", 10,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
-	  OID_UUID, OID_BYTEA},
+	  OID_UUID, OID_INT8, OID_BYTEA},
 	 "SELECT o_decision, o_owner, o_attempt, o_lease_ms, o_status, "
 	 "o_headers, o_body, o_replayable, o_expires_ms "
-	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9)"},
+	 "FROM idem_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"},
 	/* A late answer may still be recorded after the reaper released the
 	 * record, as long as no other attempt took it over (owner unchanged):
 	 * it is the truth about the one attempt that was sent. It changes no
 	 * indexed column (lease_until keeps the end of the last lease), so it
-	 * is a HOT update (sql/006_hot_complete.sql). */
+	 * is a HOT update (sql/006_hot_complete.sql). Never after the end of
+	 * the response (a tombstone keeps the key, not an answer). */
 	{"complete", 9,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID, OID_INT4, OID_BYTEA, OID_BYTEA,
 	  OID_BOOL, OID_TEXT},
@@ -33,7 +34,7 @@ const stmt_def store_stmts[] = {
 	 "replayable = $8, seal_key = $9, updated_at = now() "
 	 "WHERE tenant = $1 AND operation = $2 AND idem_key = $3 "
 	 "AND owner_token = $4 AND state IN ('processing', 'released') "
-	 "AND expires_at > now() RETURNING wait_notify"},
+	 "AND coalesce(replay_until, expires_at) > now() RETURNING wait_notify"},
 	{"release", 4,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_UUID},
 	 "UPDATE idempotency_records SET state = 'released', "
@@ -204,32 +205,38 @@ const stmt_def store_stmts[] = {
 	 * instructions a claim and its record cost the server, callgrind).
 	 * On Citus the function call alone, delegated to the tenant's
 	 * worker, stays one round trip. */
-	{"claim_new", 9,
+	{"claim_new", 10,
 	 {OID_TEXT, OID_TEXT, OID_TEXT, OID_BYTEA, OID_INT8, OID_INT8, OID_BOOL,
-	  OID_UUID, OID_BYTEA},
+	  OID_UUID, OID_INT8, OID_BYTEA},
 	 "INSERT INTO idempotency_records (tenant, operation, idem_key, "
 	 "request_hash, state, owner_token, attempt, lease_until, "
-	 "hold_on_unknown, created_at, updated_at, expires_at, trace_id) "
+	 "hold_on_unknown, created_at, updated_at, expires_at, replay_until, "
+	 "trace_id) "
 	 "VALUES ($1, $2, $3, $4, 'processing', $8, 1, "
 	 "now() + $5 * interval '1 millisecond', $7, now(), now(), "
-	 "now() + greatest($6, $5) * interval '1 millisecond', $9) "
+	 "now() + greatest($9, $6, $5) * interval '1 millisecond', "
+	 "CASE WHEN $9 > $6 THEN now() + greatest($6, $5) "
+	 "* interval '1 millisecond' END, $10) "
 	 "ON CONFLICT DO NOTHING"},
 	/* claim_new for many first attempts at once (store_batch.h), its
 	 * parameters as arrays, one element per attempt: one statement and
 	 * one commit for them all. The rows inserted come back by their owner
 	 * tokens (each attempt's own); an attempt whose key exists gets none,
 	 * and idem_claim decides for it as after claim_new. */
-	{"claim_many", 9,
+	{"claim_many", 10,
 	 {OID_TEXT_ARR, OID_TEXT_ARR, OID_TEXT_ARR, OID_BYTEA_ARR, OID_INT8_ARR,
-	  OID_INT8_ARR, OID_BOOL_ARR, OID_UUID_ARR, OID_BYTEA_ARR},
+	  OID_INT8_ARR, OID_BOOL_ARR, OID_UUID_ARR, OID_INT8_ARR, OID_BYTEA_ARR},
 	 "INSERT INTO idempotency_records (tenant, operation, idem_key, "
 	 "request_hash, state, owner_token, attempt, lease_until, "
-	 "hold_on_unknown, created_at, updated_at, expires_at, trace_id) "
+	 "hold_on_unknown, created_at, updated_at, expires_at, replay_until, "
+	 "trace_id) "
 	 "SELECT t, o, k, h, 'processing', w, 1, "
 	 "now() + l * interval '1 millisecond', hd, now(), now(), "
-	 "now() + greatest(ttl, l) * interval '1 millisecond', tr "
-	 "FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9) "
-	 "AS u(t, o, k, h, l, ttl, hd, w, tr) "
+	 "now() + greatest(rk, ttl, l) * interval '1 millisecond', "
+	 "CASE WHEN rk > ttl THEN now() + greatest(ttl, l) "
+	 "* interval '1 millisecond' END, tr "
+	 "FROM unnest($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) "
+	 "AS u(t, o, k, h, l, ttl, hd, w, rk, tr) "
 	 "ON CONFLICT DO NOTHING RETURNING owner_token"},
 	/* complete for many attempts at once, likewise: the rows written come
 	 * back by their owner tokens, with their waiters' marks. The join is
@@ -245,7 +252,8 @@ const stmt_def store_stmts[] = {
 	 "AS u(t, o, k, w, s, h, b, rp, sk) "
 	 "WHERE r.tenant = u.t AND r.operation = u.o AND r.idem_key = u.k "
 	 "AND r.owner_token = u.w AND r.state IN ('processing', 'released') "
-	 "AND r.expires_at > now() RETURNING r.owner_token, r.wait_notify"},
+	 "AND coalesce(r.replay_until, r.expires_at) > now() "
+	 "RETURNING r.owner_token, r.wait_notify"},
 	/* Adds this instance's seals per key id, and reads every key's total
 	 * (the CTE's new values for the keys it wrote: the outer query's
 	 * snapshot does not see them). */
@@ -258,6 +266,10 @@ const stmt_def store_stmts[] = {
 	 "SELECT seal_key, seals FROM a UNION ALL "
 	 "SELECT seal_key, seals FROM idemproxy_seal_counts "
 	 "WHERE seal_key <> ALL ($1) ORDER BY 1"},
+	{"strip_tombstones", 1, {OID_INT4},
+	 STRIP_SQL("idempotency_records", "$1")},
+	{"purge_tombstones", 1, {OID_INT4},
+	 PURGE_TOMBS_SQL("idempotency_records", "$1")}
 };
 
 store *store_new(const char *url, int64_t statement_timeout_ms)
@@ -398,6 +410,7 @@ static const struct {
 	{"forward", CLAIM_FORWARD},	{"takeover", CLAIM_TAKEOVER},
 	{"replay", CLAIM_REPLAY},	{"in_flight", CLAIM_IN_FLIGHT},
 	{"held", CLAIM_HELD},		{"mismatch", CLAIM_MISMATCH},
+	{"expired", CLAIM_EXPIRED},
 };
 
 
@@ -414,23 +427,25 @@ void store_claim_fresh(const claim_req *req, claim_result *out)
 
 /* A claim's parameters, as claim_new and idem_claim take them. */
 typedef struct claim_params {
-	char lease[8], ttl[8], hold;
-	const char *vals[9];
-	int lens[9];
-	int fmts[9];
+	char lease[8], ttl[8], retain[8], hold;
+	const char *vals[10];
+	int lens[10];
+	int fmts[10];
 } claim_params;
 
 static void claim_params_of(const claim_req *req, claim_params *p)
 {
 	put_i64(p->lease, req->lease_ms);
 	put_i64(p->ttl, req->ttl_ms);
+	put_i64(p->retain, req->retain_ms);
 	p->hold = req->hold_on_unknown ? 1 : 0;
-	const char *vals[9] = {req->tenant, req->operation, req->key,
-			       (const char *)req->hash, p->lease, p->ttl,
-			       &p->hold, (const char *)req->owner,
-			       (const char *)req->trace_id};
-	int lens[9] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN, STORE_TRACE_LEN};
-	int fmts[9] = {0, 0, 0, 1, 1, 1, 1, 1, 1};
+	const char *vals[10] = {req->tenant, req->operation, req->key,
+				(const char *)req->hash, p->lease, p->ttl,
+				&p->hold, (const char *)req->owner, p->retain,
+				(const char *)req->trace_id};
+	int lens[10] = {0, 0, 0, 32, 8, 8, 1, STORE_TOKEN_LEN, 8,
+			STORE_TRACE_LEN};
+	int fmts[10] = {0, 0, 0, 1, 1, 1, 1, 1, 1, 1};
 	memcpy(p->vals, vals, sizeof vals);
 	memcpy(p->lens, lens, sizeof lens);
 	memcpy(p->fmts, fmts, sizeof fmts);
@@ -477,6 +492,8 @@ static int claim_call(store *s, const claim_req *req, claim_result *out,
 	if (!PQgetisnull(r, 0, 8))
 		out->expires_in_ms = get_i64(PQgetvalue(r, 0, 8));
 	out->asked_ms = asked;
+	if (out->decision == CLAIM_EXPIRED && !PQgetisnull(r, 0, 4))
+		out->status = get_i32(PQgetvalue(r, 0, 4));
 	if (out->decision == CLAIM_REPLAY) {
 		out->status = get_i32(PQgetvalue(r, 0, 4));
 		out->headers = PQgetvalue(r, 0, 5);

@@ -17,7 +17,7 @@ struct store {
 	bool outage; /* the last failure: no connection, or it broke */
 	bool citus;  /* the records are distributed: reaper works per shard */
 	bool many;   /* sends complete_many: many_settings */
-	growbuf arr[9]; /* their array parameters */
+	growbuf arr[10]; /* their array parameters */
 	const wake_key *wake; /* names the NOTIFY payloads; NULL: sends none */
 };
 
@@ -39,7 +39,7 @@ struct store {
 typedef struct stmt_def {
 	const char *name;
 	int nparams;
-	Oid types[9];
+	Oid types[10];
 	const char *sql;
 } stmt_def;
 
@@ -66,6 +66,28 @@ typedef struct stmt_def {
 #define HELD_NOW \
 	"held_all AS (SELECT updated_at FROM held UNION ALL " \
 	"SELECT updated_at FROM live WHERE waiting)"
+/* The reaper's tombstone statements on table T, LIMIT N: the strip of the
+ * responses past their end on keys kept longer (sql/012_tombstones.sql;
+ * replay_until leaves the partial index the walk reads; a released or dead
+ * processing row has no response and leaves it too, as it counts as absent
+ * either way), and the purge of stripped tombstones at the end of their
+ * key. A completed row keeps the end of its last lease: only a live
+ * attempt's lease matters here. */
+#define STRIP_SQL(T, N) \
+	"WITH due AS (SELECT tenant, operation, idem_key FROM " T " " \
+	"WHERE replay_until > '-infinity' AND replay_until <= now() " \
+	"AND NOT (state = 'processing' AND lease_until > now()) " \
+	"LIMIT " N " FOR UPDATE SKIP LOCKED) " \
+	"UPDATE " T " t SET replay_until = '-infinity', " \
+	"response_headers = NULL, response_body = NULL, seal_key = NULL " \
+	"FROM due WHERE t.tenant = due.tenant " \
+	"AND t.operation = due.operation AND t.idem_key = due.idem_key"
+#define PURGE_TOMBS_SQL(T, N) \
+	"WITH doomed AS (SELECT tenant, operation, idem_key FROM " T " " \
+	"WHERE expires_at <= now() AND replay_until = '-infinity' " \
+	"LIMIT " N " FOR UPDATE SKIP LOCKED) " \
+	"DELETE FROM " T " t USING doomed WHERE t.tenant = doomed.tenant " \
+	"AND t.operation = doomed.operation AND t.idem_key = doomed.idem_key"
 #define HELD_WALKED(LIST) \
 	"(SELECT array(SELECT DISTINCT h FROM unnest(" LIST "::tid[] || " \
 	"array(SELECT ctid FROM walk WHERE state = 'processing' " \
@@ -87,7 +109,9 @@ enum {
 	ST_CLAIM_NEW,
 	ST_CLAIM_MANY,
 	ST_COMPLETE_MANY,
-	ST_SEAL_COUNT
+	ST_SEAL_COUNT,
+	ST_STRIP,
+	ST_PURGE_TOMBS
 };
 
 /* Every statement, indexed by ST_*; store_ensure prepares them. */

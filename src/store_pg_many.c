@@ -45,8 +45,8 @@ static void arr_add_str(growbuf *b, const char *s)
 /* Runs a *_many statement over the arrays in s->arr. */
 static PGresult *run_arrays(store *s, int st)
 {
-	const char *vals[9];
-	int lens[9], fmts[9];
+	const char *vals[10];
+	int lens[10], fmts[10];
 	for (int i = 0; i < store_stmts[st].nparams; i++) {
 		vals[i] = s->arr[i].data;
 		lens[i] = (int)s->arr[i].len;
@@ -73,17 +73,20 @@ static int claim_many_once(store *s, const claim_req *const *reqs, int n,
 	memset(inserted, 0, (size_t)n * sizeof *inserted);
 	if (store_ensure(s, err, errlen))
 		return -1;
-	static const Oid types[9] = {OID_TEXT,  OID_TEXT, OID_TEXT,
-				     OID_BYTEA, OID_INT8, OID_INT8,
-				     OID_BOOL,  OID_UUID, OID_BYTEA};
-	for (int c = 0; c < 9; c++)
+	static const Oid types[10] = {OID_TEXT,  OID_TEXT, OID_TEXT,
+				      OID_BYTEA, OID_INT8, OID_INT8,
+				      OID_BOOL,  OID_UUID, OID_INT8,
+				      OID_BYTEA};
+	for (int c = 0; c < 10; c++)
 		arr_start(&s->arr[c], types[c], n);
 	const uint8_t *owners[STORE_MANY_MAX];
 	for (int i = 0; i < n; i++) {
 		const claim_req *q = reqs[i];
-		char lease[8], ttl[8], hold = q->hold_on_unknown ? 1 : 0;
+		char lease[8], ttl[8], retain[8];
+		char hold = q->hold_on_unknown ? 1 : 0;
 		put_i64(lease, q->lease_ms);
 		put_i64(ttl, q->ttl_ms);
+		put_i64(retain, q->retain_ms);
 		arr_add_str(&s->arr[0], q->tenant);
 		arr_add_str(&s->arr[1], q->operation);
 		arr_add_str(&s->arr[2], q->key);
@@ -92,7 +95,8 @@ static int claim_many_once(store *s, const claim_req *const *reqs, int n,
 		arr_add(&s->arr[5], ttl, 8);
 		arr_add(&s->arr[6], &hold, 1);
 		arr_add(&s->arr[7], q->owner, STORE_TOKEN_LEN);
-		arr_add(&s->arr[8], q->trace_id,
+		arr_add(&s->arr[8], retain, 8);
+		arr_add(&s->arr[9], q->trace_id,
 			q->trace_id ? STORE_TRACE_LEN : -1);
 		owners[i] = q->owner;
 	}

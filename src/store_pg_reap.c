@@ -96,17 +96,15 @@ static int shards_failed(PGresult *r, int col, char *err, size_t errlen,
 	return -1;
 }
 
-/* The purge on every shard (see per_shard). *n counts the rows of the
- * shards that answered; a shard that did not (its worker is down) fails the
- * call after the others were done. */
-static int shard_batch(store *s, int batch, int *n, char *err, size_t errlen,
-		       const char *what)
+/* A batch statement (cmd: %1$s for the shard) on every shard (see
+ * per_shard). *n counts the rows of the shards that answered; a shard that
+ * did not (its worker is down) fails the call after the others were done. */
+static int shard_batch(store *s, const char *cmd, int *n, char *err,
+		       size_t errlen, const char *what)
 {
 	*n = 0;
 	if (store_ensure(s, err, errlen))
 		return -1;
-	char cmd[1024];
-	snprintf(cmd, sizeof cmd, SHARD_PURGE_SQL, batch);
 	const char *vals[1] = {cmd};
 	PGresult *r = run(s, ST_PER_SHARD, vals, NULL, NULL, 0);
 	int rc = exec_ok(s, r, PGRES_TUPLES_OK, err, errlen, what);
@@ -240,9 +238,40 @@ int store_sweep_leases(store *s, int pages, int64_t *page, growbuf *held,
 int store_purge_expired(store *s, int batch, int *purged, char *err,
 			size_t errlen)
 {
-	if (s->citus)
-		return shard_batch(s, batch, purged, err, errlen, "purge");
+	char cmd[1024];
+	if (s->citus) {
+		ALWAYS_ASSERT(snprintf(cmd, sizeof cmd, SHARD_PURGE_SQL,
+				       batch) < (int)sizeof cmd);
+		return shard_batch(s, cmd, purged, err, errlen, "purge");
+	}
 	return batch_stmt(s, ST_PURGE, batch, purged, err, errlen, "purge");
+}
+
+int store_strip_tombstones(store *s, int batch, int *stripped, char *err,
+			   size_t errlen)
+{
+	char cmd[1024];
+	if (s->citus) {
+		ALWAYS_ASSERT(snprintf(cmd, sizeof cmd,
+				       STRIP_SQL("%%1$s", "%d"),
+				       batch) < (int)sizeof cmd);
+		return shard_batch(s, cmd, stripped, err, errlen, "strip");
+	}
+	return batch_stmt(s, ST_STRIP, batch, stripped, err, errlen, "strip");
+}
+
+int store_purge_tombstones(store *s, int batch, int *purged, char *err,
+			   size_t errlen)
+{
+	char cmd[1024];
+	if (s->citus) {
+		ALWAYS_ASSERT(snprintf(cmd, sizeof cmd,
+				       PURGE_TOMBS_SQL("%%1$s", "%d"),
+				       batch) < (int)sizeof cmd);
+		return shard_batch(s, cmd, purged, err, errlen, "purge");
+	}
+	return batch_stmt(s, ST_PURGE_TOMBS, batch, purged, err, errlen,
+			  "purge");
 }
 
 int store_processing_stats(store *s, const char *since, growbuf *held,

@@ -89,6 +89,9 @@ cleanup() {
 	stop_pid "$BUSY_PID"
 	stop_pid "$SEAL_PID"
 	stop_pid "$ALONE_PID"
+	for p in $TOMB_PIDS; do
+		stop_pid "$p"
+	done
 	stop_pid "$NGINX_PID" QUIT
 	stop_pid "$STUB_PID"
 	[ -z "$PG_DIR" ] || scripts/pg-local.sh stop "$PG_DIR" >/dev/null 2>&1
@@ -256,6 +259,81 @@ seal_runs() {
 	done
 	DUR=$dur
 	stub_take
+}
+
+# Fresh keys beside a million tombstones (retain_key, sql/012_tombstones.sql):
+# two databases of their own on the same server, one empty, the other
+# holding BENCH_TOMBSTONES (default 1,000,000) stripped tombstones of the
+# bench's route, each behind its own proxy whose route keeps keys 30 days
+# past a 24 h ttl; fresh keys at 16 connections through both, interleaved
+# (A B A B). The ratio is what a long retain_key costs a first attempt.
+TOMB_PIDS=""
+tombstone_runs() {
+	local dur=$DUR n=${BENCH_TOMBSTONES:-1000000} db s t0
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN port=$PROXY_PORT
+	local aport=$ADMIN_PORT url=$DB_URL e0 e1
+	for db in tomb0 tomb1m; do
+		psql_q "DROP DATABASE IF EXISTS $db" >/dev/null
+		psql_q "CREATE DATABASE $db" >/dev/null
+		DB_URL=${url%/*}/$db
+		CONF_NAME=idemproxy-$db migrate
+	done
+	t0=$SECONDS
+	psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres -d tomb1m \
+		-v n="$n" -f "$HERE/pgbench/tombstones.sql" >"$LOGS/tombstones.log" 2>&1 ||
+		{ cat "$LOGS/tombstones.log" >&2; die "writing the tombstones failed"; }
+	# The fill's dirty pages are written now, not during the slices.
+	checkpoint
+	note "tombstones: $n written, vacuumed and checkpointed in $((SECONDS - t0)) s"
+	echo "$n" >"$DATA/tombstones.txt"
+	DB_URL=${url%/*}/tomb0 start_tomb_proxy tomb0
+	e0="$PROXY_PID $PROXY $ADMIN"
+	DB_URL=${url%/*}/tomb1m start_tomb_proxy tomb1m
+	e1="$PROXY_PID $PROXY $ADMIN"
+	DB_URL=$url
+	# The warm-ups also bring each store's indexes into the cache and past
+	# the full-page writes that follow the checkpoint: fresh keys land all
+	# over the million tombstones' primary key (108 MB), and the first
+	# slices after the fill measured that, not the steady state.
+	RECORD=0
+	DUR=8
+	# shellcheck disable=SC2086 # e0, e1: three words each
+	tomb_run $e0 warmup-tomb0
+	# shellcheck disable=SC2086
+	tomb_run $e1 warmup-tomb1m
+	RECORD=1
+	DUR=$(((dur + 1) / 2))
+	for s in 1 2; do
+		# shellcheck disable=SC2086
+		tomb_run $e0 fresh-c16-tomb0 "no tombstones (tombstone pair)"
+		# shellcheck disable=SC2086
+		tomb_run $e1 fresh-c16-tomb1m "$n tombstones (tombstone pair)"
+	done
+	DUR=$dur
+	for s in $TOMB_PIDS; do
+		stop_pid "$s"
+	done
+	TOMB_PIDS=""
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin PROXY_PORT=$port ADMIN_PORT=$aport
+}
+
+# start_tomb_proxy DB: a proxy on DB_URL whose route keeps keys 30 days past
+# a 24 h ttl; sets PROXY_PID, PROXY and ADMIN.
+start_tomb_proxy() {
+	PROXY_PORT=$(free_port)
+	ADMIN_PORT=$(free_port)
+	CONF_NAME=idemproxy-$1 ROUTE_EXTRA='ttl = "24h"; retain_key = "30d";' \
+		start_proxy warn
+	TOMB_PIDS="$TOMB_PIDS $PROXY_PID"
+}
+
+# tomb_run PID URL ADMIN ID [LABEL]: fresh keys at 16 connections through
+# one of the tombstone pair's proxies.
+tomb_run() {
+	local pid=$PROXY_PID proxy=$PROXY admin=$ADMIN
+	PROXY_PID=$1 PROXY=$2 ADMIN=$3
+	proxy_run "$4" fresh 16 2 "" "${5:-}"
+	PROXY_PID=$pid PROXY=$proxy ADMIN=$admin
 }
 
 # ---- what the proxy counted ---------------------------------------------
@@ -860,6 +938,7 @@ main() {
 	other_runs
 	seal_runs
 	batch_runs
+	tombstone_runs
 	rss_run
 	# What a log line per request costs: the same run at both levels, back
 	# to back on the process the memory check warmed up.

@@ -71,6 +71,8 @@ static const char *decision_name(enum claim_decision d)
 		return "held";
 	case CLAIM_MISMATCH:
 		return "mismatch";
+	case CLAIM_EXPIRED:
+		return "expired";
 	}
 	return "?";
 }

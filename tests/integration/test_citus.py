@@ -85,8 +85,8 @@ def test_migrate_distributes_the_records_and_the_claim(make_proxy, pg):
                       "FROM citus_tables WHERE table_name = 'idempotency_records'::regclass")
     assert tables == [{"distribution_column": "tenant", "citus_table_type": "distributed",
                        "shard_count": 32}]
-    # Both overloads: the one the proxy calls, and the one instances of the
-    # previous version call during a rolling upgrade (sql/013_trace_id.sql).
+    # Every overload: the one the proxy calls (013's), and 009's and 012's,
+    # which instances of earlier versions call during a rolling upgrade.
     funcs = pg.query("SELECT f.pronargs AS nargs, o.distribution_argument_index AS arg, "
                      "o.colocationid = p.colocationid AS colocated "
                      "FROM pg_proc f JOIN pg_dist_object o "
@@ -94,7 +94,8 @@ def test_migrate_distributes_the_records_and_the_claim(make_proxy, pg):
                      "pg_dist_partition p WHERE f.proname = 'idem_claim' "
                      "AND p.logicalrelid = 'idempotency_records'::regclass ORDER BY 1")
     assert funcs == [{"nargs": 8, "arg": 0, "colocated": True},
-                     {"nargs": 9, "arg": 0, "colocated": True}]
+                     {"nargs": 9, "arg": 0, "colocated": True},
+                     {"nargs": 10, "arg": 0, "colocated": True}]
 
 
 def test_migrate_twice_changes_nothing(make_proxy, pg):

@@ -406,7 +406,7 @@ def test_get_a_completed_record(proxy, stub, pg):
                          "owner_token", "lease_until", "created_at", "updated_at",
                          "expires_at", "expired", "hold_on_unknown", "response_status",
                          "response_headers", "response_body", "replayable", "trace_id",
-                         "sealed_with"]
+                         "sealed_with", "response_expires_at", "tombstone"]
     assert doc["tenant"] == "default"
     assert doc["operation"] == "create_payment"
     assert doc["key"] == key

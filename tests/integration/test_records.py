@@ -452,9 +452,9 @@ def break_idem_claim(pg, body):
     rows = pg.query("SELECT pg_get_function_identity_arguments(oid) AS args, "
                     "pg_get_function_result(oid) AS result FROM pg_proc "
                     "WHERE proname = 'idem_claim'")
-    # The one the proxy calls, and the one the previous version called
-    # (sql/013_trace_id.sql keeps it for rolling upgrades).
-    assert len(rows) == 2, rows
+    # The one the proxy calls, and 009's and 012's, which earlier versions
+    # called (kept for rolling upgrades).
+    assert len(rows) == 3, rows
     for row in rows:
         pg.execute("CREATE OR REPLACE FUNCTION idem_claim(%s) RETURNS %s LANGUAGE plpgsql "
                    "VOLATILE AS $f$ BEGIN %s END $f$" % (row["args"], row["result"], body))

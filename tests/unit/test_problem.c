@@ -200,7 +200,8 @@ static void test_facts(void **state)
 	(void)state;
 	growbuf b = { 0 };
 	problem_render(&b, NULL, 409, "idempotency_key_in_use", "held", NULL,
-		       (problem_facts){ PROBLEM_UNKNOWN, PROBLEM_DO_NOT_RETRY });
+		       (problem_facts){ .state = PROBLEM_UNKNOWN,
+					 .action = PROBLEM_DO_NOT_RETRY });
 	json_t *j = json_loadb(b.data, b.len, 0, NULL);
 	assert_non_null(j);
 	assert_string_equal(str(j, "operation_state"), "unknown");
@@ -211,12 +212,25 @@ static void test_facts(void **state)
 	j = render(409, "idempotency_key_in_use", NULL, NULL);
 	assert_string_equal(str(j, "operation_state"), "in_progress");
 	assert_string_equal(str(j, "client_action"), "retry_same_key");
+	assert_null(json_object_get(j, "original_status"));
 	json_decref(j);
+
+	/* A tombstone's answer names the stored final status. */
+	problem_render(&b, NULL, 410, "idempotency_key_expired", NULL, NULL,
+		       (problem_facts){ .original_status = 201 });
+	j = json_loadb(b.data, b.len, 0, NULL);
+	assert_non_null(j);
+	assert_string_equal(str(j, "operation_state"), "completed");
+	assert_string_equal(str(j, "client_action"), "do_not_retry");
+	assert_int_equal(json_integer_value(json_object_get(j, "original_status")),
+			 201);
+	json_decref(j);
+	growbuf_free(&b);
 
 	problem_facts f = problem_facts_of(
 		"upstream_outcome_unknown",
-		(problem_facts){ PROBLEM_STATE_OF_CODE,
-				 PROBLEM_RETRY_SAME_KEY });
+		(problem_facts){ .state = PROBLEM_STATE_OF_CODE,
+				 .action = PROBLEM_RETRY_SAME_KEY });
 	assert_int_equal(f.state, PROBLEM_UNKNOWN);
 	assert_int_equal(f.action, PROBLEM_RETRY_SAME_KEY);
 	f = problem_facts_of("idempotency_key_mismatch", (problem_facts){ 0 });

@@ -433,12 +433,13 @@ int main(int argc, char **argv)
 			"INSERT INTO idempotency_records (tenant, operation, "
 			"idem_key, request_hash, state, owner_token, attempt, "
 			"lease_until, hold_on_unknown, created_at, updated_at, "
-			"expires_at) VALUES ('default', 'create_payment', $1, "
+			"expires_at, replay_until) VALUES ('default', "
+			"'create_payment', $1, "
 			"'\\x9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c"
 			"15b0f00a08'::bytea, 'processing', $2::uuid, 1, now() + "
 			"30000 * interval '1 millisecond', false, now(), now(), "
-			"now() + 86400000 * interval '1 millisecond') ON CONFLICT "
-			"DO NOTHING",
+			"now() + 86400000 * interval '1 millisecond', NULL) "
+			"ON CONFLICT DO NOTHING",
 			2);
 		prepare(s->pg, "record",
 			      "UPDATE idempotency_records SET state = "
@@ -449,7 +450,8 @@ int main(int argc, char **argv)
 			      "= NULL, updated_at = now() WHERE tenant = 'default' "
 			      "AND operation = 'create_payment' AND idem_key = $3 "
 			      "AND owner_token = $4::uuid AND state IN "
-			      "('processing', 'released') AND expires_at > now() "
+			      "('processing', 'released') AND "
+			      "coalesce(replay_until, expires_at) > now() "
 			      "RETURNING wait_notify",
 			      4);
 		if (PQsetnonblocking(s->pg, 1))

@@ -306,6 +306,14 @@ def steal_note(rows, a):
     return text + "."
 
 
+def load_tombstones(data):
+    try:
+        with open(os.path.join(data, "tombstones.txt")) as f:
+            return "{:,}".format(int(f.read().strip()))
+    except OSError:
+        return "?"
+
+
 def notes(rows, rss, a):
     order = ("; the 16- and %s-connection groups A B B A" % a.wide
              if a.wide else "")
@@ -360,6 +368,16 @@ def notes(rows, rss, a):
                      % ((b[5] - b[1]) / (b[4] - b[0]),
                         (b[7] - b[3]) / (b[6] - b[2])))
         out.append(line)
+    t0, t1 = find(rows, "fresh-c16-tomb0"), find(rows, "fresh-c16-tomb1m")
+    if t0 and t1:
+        out.append("- tombstones (retain_key 30d, ttl 24h): fresh keys at 16 "
+                   "connections beside %s stripped tombstones %.0f req/s "
+                   "against %.0f req/s on an empty store (%.2f x), "
+                   "PostgreSQL's CPU %s against %s per request; two proxies, "
+                   "two databases of one server, interleaved."
+                   % (load_tombstones(a.data), t1["rps"], t0["rps"],
+                      t1["rps"] / t0["rps"], us(t1["cpu_pg"]),
+                      us(t0["cpu_pg"])))
     r16, pr16 = find(rows, "replay-c16"), find(rows, "pgbench-replay-c16")
     n16 = find(rows, "nginx-replay-c16")
     if r16 and pr16 and n16:

@@ -1,0 +1,248 @@
+-- Tombstones: a key may be kept longer than its response (a route's
+-- retain_key beyond its ttl), so that a retry arriving after the response
+-- was pruned is refused instead of executed again.
+--
+-- expires_at keeps its meaning: the end of the key, after which it counts
+-- as absent and the reaper deletes the row (the purge is unchanged). The
+-- new column replay_until is the end of the stored response when the key
+-- outlives it; NULL when they end together (retain_key = ttl, the default,
+-- and every row written before this migration), so the end of the response
+-- is always coalesce(replay_until, expires_at). A completed row past the end
+-- of its response and before expires_at is a tombstone: the claim answers
+-- 'expired' with the stored status and never forwards, whether or not the
+-- reaper has stripped it yet (the decision reads the database's clock).
+--
+-- The reaper strips a tombstone: the response's headers and body go, the
+-- status, fingerprint, scope and completion time (updated_at) stay, and
+-- replay_until becomes -infinity ("the response is gone"), which takes the
+-- row out of the partial index the strip walks, so a million tombstones
+-- cost the walk nothing. Rows with replay_until NULL are not in that index
+-- either: at the default retain_key a claim writes no more than before.
+--
+-- Released and held rows are never tombstones: past the end of the
+-- response they count as absent as before (the next attempt executes as
+-- new) and the reaper deletes them at expires_at.
+--
+-- On Citus the ALTER TABLE and CREATE INDEX are propagated to the shards;
+-- the new idem_claim overload is distributed by p_tenant by --migrate (it
+-- distributes every overload), and its statements all name the whole key,
+-- so they run on the shard the call was delegated to.
+ALTER TABLE idempotency_records ADD COLUMN replay_until timestamptz;
+CREATE INDEX idempotency_records_replay_until
+    ON idempotency_records (replay_until)
+ WHERE replay_until > '-infinity';
+
+-- idem_claim as in 009, with p_retain_ms: the key lives
+-- greatest(p_retain_ms, p_ttl_ms, lease) and its response
+-- greatest(p_ttl_ms, lease). A new decision, 'expired': a tombstone with
+-- the same fingerprint (o_status: the stored final status; o_expires_ms:
+-- until the key ends). o_expires_ms is otherwise the time left to the end
+-- of the response (the proxy's replay cache trusts a replay that long).
+CREATE OR REPLACE FUNCTION idem_claim(p_tenant text, p_operation text, p_key text,
+                           p_hash bytea, p_lease_ms bigint, p_ttl_ms bigint,
+                           p_hold boolean, p_owner uuid, p_retain_ms bigint)
+RETURNS TABLE (o_decision text, o_owner uuid, o_attempt integer,
+               o_lease_ms bigint, o_status integer, o_headers bytea,
+               o_body bytea, o_replayable boolean, o_expires_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r         idempotency_records%ROWTYPE;
+    v_attempt integer;
+    v_expires timestamptz;
+    v_lease   interval := p_lease_ms * interval '1 millisecond';
+    v_ttl     interval := greatest(p_ttl_ms, p_lease_ms)
+                         * interval '1 millisecond';
+    v_keep    interval := greatest(p_retain_ms, p_ttl_ms, p_lease_ms)
+                         * interval '1 millisecond';
+    v_replay  timestamptz := CASE WHEN p_retain_ms > p_ttl_ms
+                                  THEN now() + v_ttl END;
+    v_ttl_ms  bigint := floor(extract(epoch FROM v_ttl) * 1000)::bigint;
+BEGIN
+    -- A fresh key: one insert, nothing read first.
+    INSERT INTO idempotency_records AS t
+           (tenant, operation, idem_key, request_hash, state,
+            owner_token, attempt, lease_until, hold_on_unknown,
+            created_at, updated_at, expires_at, replay_until)
+    VALUES (p_tenant, p_operation, p_key, p_hash, 'processing',
+            p_owner, 1, now() + v_lease, p_hold,
+            now(), now(), now() + v_keep, v_replay)
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        o_decision := 'forward'; o_owner := p_owner; o_attempt := 1;
+        o_lease_ms := p_lease_ms;
+        o_expires_ms := v_ttl_ms;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    FOR i IN 1..10 LOOP
+        SELECT * INTO r FROM idempotency_records t
+         WHERE t.tenant = p_tenant AND t.operation = p_operation
+           AND t.idem_key = p_key;
+
+        IF NOT FOUND THEN
+            INSERT INTO idempotency_records AS t
+                   (tenant, operation, idem_key, request_hash, state,
+                    owner_token, attempt, lease_until, hold_on_unknown,
+                    created_at, updated_at, expires_at, replay_until)
+            VALUES (p_tenant, p_operation, p_key, p_hash, 'processing',
+                    p_owner, 1, now() + v_lease, p_hold,
+                    now(), now(), now() + v_keep, v_replay)
+            ON CONFLICT DO NOTHING;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'forward'::text, p_owner, 1, p_lease_ms,
+                    NULL::integer, NULL::bytea, NULL::bytea, NULL::boolean,
+                    v_ttl_ms;
+                RETURN;
+            END IF;
+            CONTINUE;   -- a concurrent attempt inserted first: read it
+        END IF;
+
+        IF r.state = 'processing' AND r.owner_token = p_owner
+           AND r.lease_until > now() THEN
+            -- A repeated claim whose lease lives (as in 009).
+            RETURN QUERY SELECT
+                CASE WHEN r.attempt = 1 THEN 'forward' ELSE 'takeover' END,
+                p_owner, r.attempt,
+                floor(extract(epoch FROM r.lease_until - now())
+                      * 1000)::bigint,
+                NULL::integer, NULL::bytea, NULL::bytea, NULL::boolean,
+                floor(extract(epoch FROM coalesce(r.replay_until,
+                      r.expires_at) - now()) * 1000)::bigint;
+            RETURN;
+        END IF;
+
+        IF r.state = 'processing' AND r.owner_token = p_owner THEN
+            -- A repeated claim whose lease ended: renewed under its own
+            -- token (as in 009); the response lives at least as long.
+            UPDATE idempotency_records t
+               SET lease_until = now() + v_lease, updated_at = now(),
+                   expires_at = greatest(t.expires_at, now() + v_lease),
+                   replay_until = CASE WHEN t.replay_until IS NOT NULL
+                       THEN greatest(t.replay_until, now() + v_lease) END
+             WHERE t.tenant = p_tenant AND t.operation = p_operation
+               AND t.idem_key = p_key AND t.owner_token = p_owner
+               AND t.state = 'processing'
+            RETURNING t.attempt, coalesce(t.replay_until, t.expires_at)
+                 INTO v_attempt, v_expires;
+            IF FOUND THEN
+                RETURN QUERY SELECT
+                    CASE WHEN v_attempt = 1 THEN 'forward' ELSE 'takeover' END,
+                    p_owner, v_attempt, p_lease_ms,
+                    NULL::integer, NULL::bytea, NULL::bytea, NULL::boolean,
+                    floor(extract(epoch FROM v_expires - now()) * 1000)::bigint;
+                RETURN;
+            END IF;
+            CONTINUE;
+        END IF;
+
+        IF r.state = 'completed' AND r.expires_at > now()
+           AND coalesce(r.replay_until, r.expires_at) <= now() THEN
+            -- A tombstone: its response is gone (or going), its key is
+            -- kept. Never forwarded; another payload is still a mismatch.
+            RETURN QUERY SELECT
+                CASE WHEN r.request_hash <> p_hash THEN 'mismatch'
+                     ELSE 'expired' END,
+                NULL::uuid, r.attempt, 0::bigint, r.response_status,
+                NULL::bytea, NULL::bytea, NULL::boolean,
+                floor(extract(epoch FROM r.expires_at - now()) * 1000)::bigint;
+            RETURN;
+        END IF;
+
+        IF coalesce(r.replay_until, r.expires_at) <= now()
+           AND NOT (r.state = 'processing' AND r.lease_until > now()) THEN
+            -- Past the end of its response and not a tombstone: counts
+            -- as absent, as an expired row always did.
+            UPDATE idempotency_records t
+               SET request_hash = p_hash, state = 'processing',
+                   owner_token = p_owner, attempt = 1,
+                   lease_until = now() + v_lease, hold_on_unknown = p_hold,
+                   response_status = NULL, response_headers = NULL,
+                   response_body = NULL, replayable = NULL,
+                   created_at = now(), updated_at = now(),
+                   expires_at = now() + v_keep, replay_until = v_replay
+             WHERE t.tenant = p_tenant AND t.operation = p_operation
+               AND t.idem_key = p_key AND t.owner_token = r.owner_token
+               AND coalesce(t.replay_until, t.expires_at) <= now()
+               AND NOT (t.state = 'completed' AND t.expires_at > now())
+               AND NOT (t.state = 'processing' AND t.lease_until > now());
+            IF FOUND THEN
+                RETURN QUERY SELECT 'forward'::text, p_owner, 1, p_lease_ms,
+                    NULL::integer, NULL::bytea, NULL::bytea, NULL::boolean,
+                    v_ttl_ms;
+                RETURN;
+            END IF;
+            CONTINUE;
+        END IF;
+
+        IF r.request_hash <> p_hash THEN
+            RETURN QUERY SELECT 'mismatch'::text, NULL::uuid, r.attempt,
+                0::bigint, NULL::integer, NULL::bytea, NULL::bytea,
+                NULL::boolean, 0::bigint;
+            RETURN;
+        END IF;
+
+        IF r.state = 'completed' THEN
+            RETURN QUERY SELECT 'replay'::text, NULL::uuid, r.attempt, 0::bigint,
+                r.response_status, r.response_headers, r.response_body,
+                r.replayable,
+                floor(extract(epoch FROM coalesce(r.replay_until,
+                      r.expires_at) - now()) * 1000)::bigint;
+            RETURN;
+        END IF;
+
+        IF r.state = 'processing' AND r.lease_until > now() THEN
+            RETURN QUERY SELECT 'in_flight'::text, NULL::uuid, r.attempt,
+                ceil(extract(epoch FROM r.lease_until - now()) * 1000)::bigint,
+                NULL::integer, NULL::bytea, NULL::bytea, NULL::boolean,
+                0::bigint;
+            RETURN;
+        END IF;
+
+        IF r.state = 'processing' AND r.hold_on_unknown THEN
+            RETURN QUERY SELECT 'held'::text, NULL::uuid, r.attempt, 0::bigint,
+                NULL::integer, NULL::bytea, NULL::bytea, NULL::boolean,
+                0::bigint;
+            RETURN;
+        END IF;
+
+        -- Released, or processing with a dead lease: take over. The record
+        -- and its response live at least as long as the new lease.
+        UPDATE idempotency_records t
+           SET state = 'processing', owner_token = p_owner,
+               attempt = t.attempt + 1, lease_until = now() + v_lease,
+               hold_on_unknown = p_hold, updated_at = now(),
+               expires_at = greatest(t.expires_at, now() + v_lease),
+               replay_until = CASE WHEN t.replay_until IS NOT NULL
+                   THEN greatest(t.replay_until, now() + v_lease) END
+         WHERE t.tenant = p_tenant AND t.operation = p_operation
+           AND t.idem_key = p_key AND t.owner_token = r.owner_token
+           AND t.state = r.state
+           AND coalesce(t.replay_until, t.expires_at) > now()
+        RETURNING t.attempt, coalesce(t.replay_until, t.expires_at)
+             INTO v_attempt, v_expires;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'takeover'::text, p_owner, v_attempt,
+                p_lease_ms, NULL::integer, NULL::bytea, NULL::bytea,
+                NULL::boolean,
+                floor(extract(epoch FROM v_expires - now()) * 1000)::bigint;
+            RETURN;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'idem_claim: key % kept changing under contention', p_key
+        USING ERRCODE = '40001';
+END
+$$;
+
+-- The overload of 009 (an instance not yet upgraded calls it during a
+-- rolling upgrade): now the same function with the key kept as long as its
+-- response, so it never replays a stripped tombstone.
+CREATE OR REPLACE FUNCTION idem_claim(p_tenant text, p_operation text, p_key text,
+                           p_hash bytea, p_lease_ms bigint, p_ttl_ms bigint,
+                           p_hold boolean, p_owner uuid)
+RETURNS TABLE (o_decision text, o_owner uuid, o_attempt integer,
+               o_lease_ms bigint, o_status integer, o_headers bytea,
+               o_body bytea, o_replayable boolean, o_expires_ms bigint)
+LANGUAGE sql VOLATILE AS $$
+    SELECT * FROM idem_claim(p_tenant, p_operation, p_key, p_hash,
+                             p_lease_ms, p_ttl_ms, p_hold, p_owner, p_ttl_ms)
+$$;
