@@ -173,7 +173,8 @@ def every_feature_conf(tmp_path, extra=None):
             {"name": "auth_put", "path": "/v1/auth/{id}", "upstream": up, "methods": ["PUT"],
              "tenant": "authorization", "mismatch_status": 422,
              "release_statuses": [503], "fingerprint_headers": ["X-Client"],
-             "ttl": "2d", "lease": "20s", "upstream_timeout": "10s"},
+             "ttl": "2d", "retain_key": "30d", "lease": "20s",
+             "upstream_timeout": "10s"},
             {"name": "shadowed", "path": "/v1/auth/{other}", "upstream": up},
         ],
     }
@@ -213,6 +214,7 @@ def test_every_feature_conf_is_valid_openapi_with_its_rules(validator, tmp_path)
     assert sorted(p[401]) == ["credentials_invalid", "credentials_missing", "tenant_missing"]
     assert "tenant_missing" not in p[400]
     assert "idempotency_key_mismatch" in p[409]
+    assert 410 not in p  # its retain_key is its ttl: no tombstones
 
     hooks = ops[("/hooks/{idemproxy_rest}", "CONNECT")]
     rules = hooks["x-idempotency"]
@@ -239,7 +241,13 @@ def test_every_feature_conf_is_valid_openapi_with_its_rules(validator, tmp_path)
     assert "X-Client" in rules["fingerprint"]["covers"]
     assert rules["in_flight"]["mode"] == "reject"
     p = problems_of(doc, auth)
-    assert p[422] == ["idempotency_key_mismatch"]
+    assert sorted(p[422]) == ["idempotency_key_mismatch", "idempotency_operation_completed"]
+    assert p[410] == ["idempotency_key_expired"]
+    assert rules["expiry"] == {"ttl_ms": 2 * 86400000, "retain_key_ms": 30 * 86400000,
+                               "after_ttl": {"answer": "refused", "status": 410,
+                                             "code": "idempotency_key_expired",
+                                             "forwarded": False},
+                               "after_retain_key": "executes_as_new"}
     assert "idempotency_key_mismatch" not in p[409]
     assert p[401] == ["credentials_missing"]
 
