@@ -14,8 +14,15 @@ $(BUILD)/clock_step.so: tests/shim/clock_step.c | $(BUILD)
 
 -include $(wildcard $(BUILD)/clock_step.d)
 
+# A stall of the serving thread right before an upstream transfer starts
+# (tests/shim/stall_transfer.c).
+$(BUILD)/stall_transfer.so: tests/shim/stall_transfer.c | $(BUILD)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror $(DEPFLAGS) -fPIC -shared -o $@ $< -ldl
+
+-include $(wildcard $(BUILD)/stall_transfer.d)
+
 .PHONY: shim
-shim: $(BUILD)/slow_resolver.so $(BUILD)/clock_step.so
+shim: $(BUILD)/slow_resolver.so $(BUILD)/clock_step.so $(BUILD)/stall_transfer.so
 
 # The proxy linked with glibc's malloc instead of $(MALLOC), for the tests
 # that preload libfaketime (tests/integration/test_clock_skew.py): at start

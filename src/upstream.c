@@ -39,6 +39,7 @@ struct upstream {
 	size_t n_socks, cap_socks;
 	/* per attempt */
 	int sends;          /* requests written (libcurl's resend is refused) */
+	bool late;          /* refused unsent: the call's time was up */
 	bool resend_refused;
 	bool stale;         /* refused a connection with unread bytes */
 	bool framing_off;   /* bytes were left after the response */
@@ -203,10 +204,18 @@ static bool unread_input(int fd, bool bytes_only)
  * connection after a reused one died: the first copy may have been
  * processed, so refuse. A connection with unread input (a late or
  * unsolicited response, a body longer than its Content-Length) is refused
- * before anything is written: the attempt is retried on a fresh connection. */
+ * before anything is written: the attempt is retried on a fresh connection.
+ * A call whose time is up is refused too: the lease was checked before the
+ * call, but a stall of this thread since (before libcurl started the
+ * transfer, whose own timer then starts late) could carry the write past
+ * the lease, when another attempt may hold the key. */
 static int on_prereq(void *p, char *ip, char *lip, int port, int lport)
 {
 	upstream *u = p;
+	if (mono_ms() >= u->end_ms) {
+		u->late = true;
+		return CURL_PREREQFUNC_ABORT;
+	}
 	if (u->sends > 0) {
 		u->resend_refused = true;
 		return CURL_PREREQFUNC_ABORT;
@@ -586,6 +595,7 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 	CURL *h = u->h;
 	u->sends = 0;
 	u->resend_refused = false;
+	u->late = false;
 	u->resp = out;
 	u->max_response = req->max_response;
 
@@ -622,7 +632,11 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 			 (long long)req->max_response);
 	} else {
 		out->outcome = u->sends == 0 ? UP_NOT_SENT : UP_UNKNOWN;
-		if (u->resend_refused)
+		if (u->late)
+			snprintf(out->error, sizeof out->error,
+				 "the call's time ran out before the request "
+				 "was written; not sent");
+		else if (u->resend_refused)
 			snprintf(out->error, sizeof out->error,
 				 "connection lost after the request was sent; "
 				 "not resending");

@@ -59,3 +59,35 @@ def test_an_idle_loop_is_ready(make_proxy):
         r = readyz(proxy)
         assert r.status_code == 200, r.text
         assert lag(proxy) < 0.3
+
+
+def test_a_request_whose_time_ran_out_in_a_stall_before_its_write_is_never_sent(
+        make_proxy, stub, tmp_path):
+    """The proxy checks the lease right before the upstream call, but the
+    request is written a moment later, by libcurl. A stall of the serving
+    thread in between (here: a preloaded shim, tests/shim/stall_transfer.c,
+    sleeps in curl_multi_add_handle) that outlasts the call's time must not
+    end in a write after the thaw: by then the lease may have ended and
+    another attempt may hold the key. The chaos soak saw exactly that once,
+    a freeze landing between the check and the transfer's start."""
+    import os
+    import subprocess
+    from conftest import ROOT
+    subprocess.run(["make", "-s", "build/stall_transfer.so"], cwd=ROOT, check=True,
+                   timeout=120)
+    gate = str(tmp_path / "stall.gate")
+    proxy = make_proxy(
+        env={"LD_PRELOAD": os.path.join(ROOT, "build", "stall_transfer.so"),
+             "IDEMPROXY_SHIM_STALL_GATE": gate, "IDEMPROXY_SHIM_STALL_MS": "4500"},
+        route_overrides={"create_payment": {"lease": "3s", "upstream_timeout": "1s"}})
+    open(gate, "w").close()
+    key = new_key("stalled")
+    r = pay(proxy, key, timeout=30)
+    assert not os.path.exists(gate), "the stall did not happen"
+    # Not sent: answered as nothing executed, and the upstream saw nothing.
+    assert r.status_code == 502, r.text
+    assert r.json()["code"] == "upstream_unavailable"
+    assert r.json()["operation_state"] == "not_executed"
+    # Released: a retry with the same key executes, once.
+    assert pay(proxy, key).status_code == 201
+    assert stub.count(key=key) == 1
