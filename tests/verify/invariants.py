@@ -121,7 +121,10 @@ The invariants and how these files prove them
    final_bound_s (`not_final_in_bound`). A flow's final state is its first
    final answer in the A lines (its F line's t_final may be a later phase:
    a late, tenant or mismatch send); a flow with none is judged by its F
-   line (final, cause, and t_final as the time it gave up). Every instance scraped after the
+   line (final, cause, and t_final as the time it gave up). Excused: a
+   flow whose forwards after h met the upstream's own failures (no answer,
+   or a released status: drawn ledger behaviours) and that was final by the
+   bound counted from the last of them. Every instance scraped after the
    last heal shows oldest_processing_s < lease in some scrape
    (`gauge_not_below_lease`).
 7. `replay_after_expiry`: an answer with replayed=1 sent (t0) after the
@@ -863,6 +866,10 @@ class Checker:
                 t.excuse("6: another fault began before the bound passed")
             elif final and t_final <= h + bound:
                 ttf.append((t_final - h) / US if t_final > h else 0.0)
+            elif final and t_final <= self.upstream_failed(scope, h,
+                                                          t_final) + bound:
+                t.excuse("6: the upstream's own failures after the heal "
+                         "(no answer, or a released status) delayed it")
             elif not final and t_final and t_final < h + bound:
                 t.excuse("6: flow given up (%s) before the bound" % cause)
             elif self.hold and scope in self.held:
@@ -884,6 +891,19 @@ class Checker:
             "time_to_final_p99_s": percentile(ttf, 99),
             "gauge": gauge,
         }
+
+    def upstream_failed(self, scope, h, t_final):
+        """The end of the scope's last forward after h (and before t_final)
+        that the upstream answered with nothing or a released status, by
+        its own drawn behaviour: every retry it forced is the upstream's
+        time, not the proxy's; h when there is none."""
+        fwds = self.by_scope.get(scope)
+        last = h
+        for r in (fwds if type(fwds) is list else (fwds,) if fwds else ()):
+            if h < r.t_start and r.t_end < t_final and r.t_end > last and (
+                    r.status == 0 or r.status in self.release):
+                last = r.t_end
+        return last
 
     def judge_gauge(self):
         if not self.heals:

@@ -482,6 +482,35 @@ def test_6_final_too_late(tmp_path):
     only(r.check(), "6", "not_final_in_bound")
 
 
+def test_6_excuse_the_upstreams_own_failures_after_the_heal(tmp_path):
+    r = clean(tmp_path)
+    # After the heal (12 s; bound 3 + 5 s) the upstream drops one forward
+    # and answers another 503: the final answer at 24 s is past 20 s but
+    # within the bound of the last failure (19.01 s).
+    r.forward("h3", "kf", 14.0, 14.01, status=0)
+    r.attempt("h3", "kf", 13.99, 14.02, status=504, flow=32,
+              code="upstream_outcome_unknown")
+    r.forward("h4", "kf", 19.0, 19.01, status=503)
+    r.attempt("h4", "kf", 18.99, 19.02, status=503, flow=32)
+    e = r.forward("h5", "kf", 24.0, 24.01)
+    r.attempt("h5", "kf", 23.99, 24.02, ex=e, flow=32)
+    r.flow(32, "kf", 11.0, 24.02, attempts=4)
+    s = r.check()
+    assert s["ok"], s["anomaly_classes"]
+    assert any("upstream's own failures" in k for k in s["excused"])
+
+
+def test_6_upstream_failures_before_the_heal_excuse_nothing(tmp_path):
+    r = clean(tmp_path)
+    r.forward("h3", "kf", 11.5, 11.51, status=0)
+    r.attempt("h3", "kf", 11.49, 11.52, status=504, flow=32,
+              code="upstream_outcome_unknown")
+    e = r.forward("h5", "kf", 24.0, 24.01)
+    r.attempt("h5", "kf", 23.99, 24.02, ex=e, flow=32)
+    r.flow(32, "kf", 11.0, 24.02, attempts=2)
+    only(r.check(), "6", "not_final_in_bound")
+
+
 def test_6_gauge_not_below_lease(tmp_path):
     r = clean(tmp_path)
     r.events = [e for e in r.events
