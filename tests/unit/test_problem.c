@@ -182,7 +182,6 @@ static void test_unknown_code(void **state)
 	assert_string_equal(str(j, "code"), "weird\"code");
 	assert_string_equal(str(j, "type"), "urn:idemproxy:problem:weird\"code");
 	assert_string_equal(str(j, "title"), problem_title("weird\"code"));
-	json_decref(j);
 
 	/* A code not in the table claims nothing it cannot know. */
 	assert_string_equal(str(j, "operation_state"), "unknown");
