@@ -50,6 +50,9 @@ DECLARE
     v_attempt integer;
     v_expires timestamptz;
     v_lease   interval := p_lease_ms * interval '1 millisecond';
+    -- A variable, not now() in the CASE below: Citus refuses non-immutable
+    -- functions in a CASE of a distributed UPDATE.
+    v_lease_end timestamptz := now() + v_lease;
     v_ttl     interval := greatest(p_ttl_ms, p_lease_ms)
                          * interval '1 millisecond';
     v_keep    interval := greatest(p_retain_ms, p_ttl_ms, p_lease_ms)
@@ -118,7 +121,7 @@ BEGIN
                SET lease_until = now() + v_lease, updated_at = now(),
                    expires_at = greatest(t.expires_at, now() + v_lease),
                    replay_until = CASE WHEN t.replay_until IS NOT NULL
-                       THEN greatest(t.replay_until, now() + v_lease) END
+                       THEN greatest(t.replay_until, v_lease_end) END
              WHERE t.tenant = p_tenant AND t.operation = p_operation
                AND t.idem_key = p_key AND t.owner_token = p_owner
                AND t.state = 'processing'
@@ -213,7 +216,7 @@ BEGIN
                hold_on_unknown = p_hold, updated_at = now(),
                expires_at = greatest(t.expires_at, now() + v_lease),
                replay_until = CASE WHEN t.replay_until IS NOT NULL
-                   THEN greatest(t.replay_until, now() + v_lease) END
+                   THEN greatest(t.replay_until, v_lease_end) END
          WHERE t.tenant = p_tenant AND t.operation = p_operation
            AND t.idem_key = p_key AND t.owner_token = r.owner_token
            AND t.state = r.state
