@@ -29,7 +29,7 @@ FUZZ_DEPS_pathtpl    := $(call fuzz_objs,pathtpl)
 FUZZ_DEPS_units      := $(call fuzz_objs,units)
 FUZZ_DEPS_config     := $(call fuzz_objs,config config_conv config_route route \
 			pathtpl units seal key_from \
-			jsonptr jwt_auth fingerprint key_header http_msg)
+			jsonptr jwt_auth fingerprint key_header http_msg problem)
 FUZZ_DEPS_keys       := $(call fuzz_objs,seal)
 FUZZ_DEPS_jsonptr    := $(call fuzz_objs,jsonptr)
 FUZZ_DEPS_jwt        := $(call fuzz_objs,jwt_auth)
