@@ -589,6 +589,27 @@ static CURLcode perform_attempt(upstream *u, const upstream_req *req)
 	return rc;
 }
 
+/* Why a call got no response, into out->error. */
+static void describe_failure(const upstream *u, CURLcode rc,
+			     upstream_resp *out)
+{
+	if (u->late)
+		snprintf(out->error, sizeof out->error,
+			 "the call's time ran out before the request "
+			 "was written; not sent");
+	else if (u->resend_refused)
+		snprintf(out->error, sizeof out->error,
+			 "connection lost after the request was sent; "
+			 "not resending");
+	else if (u->stale)
+		snprintf(out->error, sizeof out->error,
+			 "the upstream sent bytes before the request "
+			 "was written; not sent");
+	else
+		snprintf(out->error, sizeof out->error, "%s",
+			 curl_easy_strerror(rc));
+}
+
 void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 {
 	memset(out, 0, sizeof *out);
@@ -632,21 +653,7 @@ void upstream_send(upstream *u, const upstream_req *req, upstream_resp *out)
 			 (long long)req->max_response);
 	} else {
 		out->outcome = u->sends == 0 ? UP_NOT_SENT : UP_UNKNOWN;
-		if (u->late)
-			snprintf(out->error, sizeof out->error,
-				 "the call's time ran out before the request "
-				 "was written; not sent");
-		else if (u->resend_refused)
-			snprintf(out->error, sizeof out->error,
-				 "connection lost after the request was sent; "
-				 "not resending");
-		else if (u->stale)
-			snprintf(out->error, sizeof out->error,
-				 "the upstream sent bytes before the request "
-				 "was written; not sent");
-		else
-			snprintf(out->error, sizeof out->error, "%s",
-				 curl_easy_strerror(rc));
+		describe_failure(u, rc, out);
 	}
 	/* Nothing of this request may outlive it in the reused handle. */
 	curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
